@@ -1,0 +1,9 @@
+"""The public API: validated, typed wrappers around the ``torch.ops.specdec`` operators.
+
+Installed as ``specdec_kernels.ops`` (the ``ops/`` folder at the repository root is
+mapped there by ``pyproject.toml``). Importing it registers every operator.
+"""
+
+from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
+
+__all__ = ["NgramProposal", "ngram_propose"]

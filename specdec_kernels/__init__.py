@@ -1,0 +1,24 @@
+"""specdec-kernels: Triton kernels for speculative decoding, exposed as torch ops.
+
+Importing this package registers the ``torch.ops.specdec.*`` operators. It never
+touches the GPU driver at import time, so it imports on machines without a GPU.
+
+Layers
+------
+- ``specdec_kernels.ops``: the public, validated Python API and the torch op layer.
+- ``specdec_kernels.kernels``: Triton kernels and their launchers (the CUDA path).
+- ``specdec_kernels.cpu``: vectorised torch implementations (the CPU path).
+- ``specdec_kernels.reference``: plain, obviously correct implementations (test oracle).
+"""
+
+PLACEHOLDER = -1
+"""Marks "no token" in every token-id output (draft padding, emitted-token padding)."""
+
+PAD_SLOT = -1
+"""Slot id of a token that must not be written to the KV cache."""
+
+__version__ = "0.1.0"
+
+from specdec_kernels import ops  # noqa: E402  (registers torch.ops.specdec.*)
+
+__all__ = ["PLACEHOLDER", "PAD_SLOT", "ops", "__version__"]

@@ -1,0 +1,1 @@
+"""Vectorised torch implementations: the CPU path of every op."""

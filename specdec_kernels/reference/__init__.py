@@ -1,0 +1,1 @@
+"""Plain, obviously correct implementations written from the papers: the test oracle."""
