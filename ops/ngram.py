@@ -5,10 +5,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-
-from specdec_kernels import cpu, kernels, reference  # noqa: F401  (subpackages)
-from specdec_kernels.cpu import ngram as _cpu
-from specdec_kernels.kernels import ngram as _triton
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._validation import (
     check_int,
@@ -16,6 +12,10 @@ from specdec_kernels.ops._validation import (
     check_tensor,
     should_check_values,
 )
+
+from specdec_kernels import cpu, kernels, reference  # noqa: F401  (subpackages)
+from specdec_kernels.cpu import ngram as _cpu
+from specdec_kernels.kernels import ngram as _triton
 
 TIE_BREAKS = ("first", "last")
 
@@ -30,18 +30,43 @@ class NgramProposal(NamedTuple):
 
 
 def _impl(cpu_or_cuda):
-    def impl(token_ids, num_tokens, req_indices, max_draft_tokens, min_n, max_n,
-             num_speculative_tokens, max_model_len, tie_break):
+    def impl(
+        token_ids,
+        num_tokens,
+        req_indices,
+        max_draft_tokens,
+        min_n,
+        max_n,
+        num_speculative_tokens,
+        max_model_len,
+        tie_break,
+    ):
         return cpu_or_cuda(
-            token_ids, num_tokens, req_indices, max_draft_tokens,
-            min_n=min_n, max_n=max_n, num_speculative_tokens=num_speculative_tokens,
-            max_model_len=max_model_len, tie_break=tie_break,
+            token_ids,
+            num_tokens,
+            req_indices,
+            max_draft_tokens,
+            min_n=min_n,
+            max_n=max_n,
+            num_speculative_tokens=num_speculative_tokens,
+            max_model_len=max_model_len,
+            tie_break=tie_break,
         )
+
     return impl
 
 
-def _fake(token_ids, num_tokens, req_indices, max_draft_tokens, min_n, max_n,
-          num_speculative_tokens, max_model_len, tie_break):
+def _fake(
+    token_ids,
+    num_tokens,
+    req_indices,
+    max_draft_tokens,
+    min_n,
+    max_n,
+    num_speculative_tokens,
+    max_model_len,
+    tie_break,
+):
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
     return (
         token_ids.new_empty((B, num_speculative_tokens), dtype=torch.int32),

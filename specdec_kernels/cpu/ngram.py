@@ -1,11 +1,15 @@
 """Vectorised torch n-gram proposer: the CPU path of ``ngram_propose``.
 
-Instead of comparing every window with the suffix (``max_n`` passes over each history),
-it first keeps only the positions ``j`` whose token equals the request's last token (one
-pass, usually a few percent of positions), then extends the match backwards on those
-candidates only. ``c[j]``, the length of the common run ending at ``j`` and at ``L-1``
-(capped at ``max_n``), gives both the n-gram length (``n = c[j]``) and the window
-``[j-n+1, j]``; its following token ``j+1`` must exist, so ``j <= L-2``.
+Comparing every window with the suffix costs ``max_n`` passes over each history. Instead:
+
+1. one pass keeps the positions ``j`` whose token equals the request's last token (in
+   real text a few percent of positions); ``j`` is the *end* of a candidate window and
+   ``j <= L-2`` so that a following token exists;
+2. level ``t = 1 .. max_n-1`` keeps the survivors whose token ``j-t`` equals the
+   suffix token ``L-1-t``: a survivor of level ``t`` ends a window of ``n = t+1``
+   matching tokens. The survivor sets shrink fast, so each level is cheap;
+3. per request, the highest level reached (``>= min_n``) is the longest n, and the
+   first (smallest ``j``) or last survivor of that level is the winning window.
 """
 
 from __future__ import annotations
@@ -33,65 +37,63 @@ def ngram_propose(
         return drafts, counts
 
     if req_indices is None:
-        rows = torch.arange(B)
-        active = torch.ones(B, dtype=torch.bool)
+        rows = None
+        lengths = num_tokens.long()
+        active = None
     else:
         rows = req_indices.long()
         active = rows >= 0
         rows = rows.clamp(min=0)
-    lengths = torch.where(active, num_tokens[rows].long(), 0)
+        lengths = torch.where(active, num_tokens[rows].long(), 0)
     width = int(lengths.max())
     if width < 2:
         return drafts, counts
-    hist = token_ids[rows, :width]  # [B, width], only the rows in the batch are read
-
-    # Tokens of the suffix, right-aligned: suffix[b, t] = seq[L-1-t] (or -1 if t >= L).
-    t_idx = torch.arange(max_n)
-    suffix_pos = lengths[:, None] - 1 - t_idx[None, :]
-    suffix = torch.where(
-        suffix_pos >= 0, hist.gather(1, suffix_pos.clamp(min=0)), torch.full_like(suffix_pos, -1)
-    ).to(hist.dtype)
-
-    # Cheap filter: window ends j <= L-2 whose token equals the last token.
-    pos = torch.arange(width)
-    cand = (hist == suffix[:, :1]) & (pos[None, :] <= lengths[:, None] - 2)
-    bi, ji = cand.nonzero(as_tuple=True)
-    if bi.numel() == 0:
-        return drafts, counts
-
-    # Extend each candidate's match backwards, t = 1 .. max_n-1, on candidates only.
-    run = torch.ones_like(ji)
-    alive = torch.ones_like(ji, dtype=torch.bool)
-    for t in range(1, max_n):
-        back = ji - t
-        ok = back >= 0
-        eq = hist[bi, back.clamp(min=0)] == suffix[bi, t]
-        alive &= ok & eq & (suffix_pos[bi, t] >= 0)
-        if not bool(alive.any()):
-            break
-        run += alive
-
-    # Longest n per request, then the first/last window with that n.
-    best_n = torch.zeros(B, dtype=torch.long).scatter_reduce(0, bi, run, "amax")
-    hit = (run == best_n[bi]) & (best_n[bi] >= min_n)
-    if tie_break == "first":
-        sentinel = width
-        end = torch.full((B,), sentinel, dtype=torch.long)
-        end = end.scatter_reduce(0, bi[hit], ji[hit], "amin")
-        found = end < sentinel
+    # [B, width] histories of the batch rows only, and a flat view to index them with.
+    if req_indices is None and token_ids.is_contiguous():
+        hist = token_ids[:, :width]
+        flat, row_stride = token_ids.view(-1), token_ids.stride(0)
     else:
-        end = torch.full((B,), -1, dtype=torch.long)
-        end = end.scatter_reduce(0, bi[hit], ji[hit], "amax")
-        found = end >= 0
+        hist = token_ids[rows if rows is not None else slice(None), :width].contiguous()
+        flat, row_stride = hist.view(-1), width
+    last_pos = torch.arange(B) * row_stride + lengths - 1  # flat position of each last token
 
-    start = end + 1  # first draft token = the token after the matched window
+    bi, ji = (hist == flat[last_pos.clamp(min=0)][:, None]).nonzero(as_tuple=True)
+    idx = (ji <= lengths[bi] - 2).nonzero()[:, 0]  # the window must be followed by a token
+    bi, ji = bi[idx], ji[idx]
+
+    # Survivors of level n end a window of n matching tokens; keep (b, n, j) for n >= min_n.
+    hit_b, hit_key = [], []
+    for n in range(1, max_n + 1):
+        if n > 1:
+            t = n - 1
+            back = bi * row_stride + ji - t
+            ok = (ji >= t) & (flat[back.clamp(min=0)] == flat[last_pos[bi] - t])
+            idx = ok.nonzero()[:, 0]
+            bi, ji = bi[idx], ji[idx]
+        if bi.numel() == 0:
+            break
+        if n >= min_n:
+            # larger key wins: longer n first, then the smallest ("first") or largest j
+            hit_b.append(bi)
+            hit_key.append(n * (width + 1) + (width - ji if tie_break == "first" else ji))
+    best = torch.full((B,), -1, dtype=torch.long)
+    if hit_b:
+        best.scatter_reduce_(0, torch.cat(hit_b), torch.cat(hit_key), "amax")
+    best_n = torch.where(best >= 0, best // (width + 1), 0)
+    tie = best % (width + 1)
+    best_end = tie if tie_break == "last" else width - tie
+
+    found = best_n > 0
+    start = best_end + 1  # first draft token = the token after the matched window
     cap = torch.full((B,), k, dtype=torch.long)
     if max_draft_tokens is not None:
         cap = torch.minimum(cap, max_draft_tokens.long())
     if max_model_len is not None:
         cap = torch.minimum(cap, max_model_len - lengths)
     m = torch.minimum(cap, lengths - start).clamp(min=0)
-    m = torch.where(found & active, m, 0)
+    m = torch.where(found, m, 0)
+    if active is not None:
+        m = torch.where(active, m, 0)
 
     j = torch.arange(k)
     take = j[None, :] < m[:, None]

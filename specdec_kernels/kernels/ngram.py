@@ -62,7 +62,8 @@ def _ngram_scan_kernel(
         s_pos = length - 1 - t
         s_tok = tl.load(row + tl.maximum(s_pos, 0) * tok_stride, mask=s_pos >= 0, other=0)
         back = j - t
-        ok = alive & (back >= 0) & (s_pos >= 0)
+        # back >= 0 together with j <= L-2 implies s_pos > back >= 0.
+        ok = alive & (back >= 0)
         tok = tl.load(row + back * tok_stride, mask=ok, other=0)
         alive = ok & (tok == s_tok)
         run += alive.to(tl.int32)
@@ -129,7 +130,9 @@ def _ngram_finalize_kernel(
 
     offs = tl.arange(0, K_BLOCK)
     take = offs < m
-    tok = tl.load(token_ids_ptr + r * hist_stride + (first + offs) * tok_stride, mask=take, other=-1)
+    tok = tl.load(
+        token_ids_ptr + r * hist_stride + (first + offs) * tok_stride, mask=take, other=-1
+    )
     tl.store(drafts_ptr + b * k + offs, tl.where(take, tok, -1), mask=offs < k)
     tl.store(num_drafts_ptr + b, m.to(tl.int32))
 
