@@ -4,6 +4,13 @@ Installed as ``specdec_kernels.ops`` (the ``ops/`` folder at the repository root
 mapped there by ``pyproject.toml``). Importing it registers every operator.
 """
 
+from specdec_kernels.ops.bookkeeping import (  # noqa: F401
+    CommitResult,
+    VerifyInputs,
+    commit_accepted_tokens,
+    compute_slot_mapping,
+    prepare_verify_inputs,
+)
 from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
 
 __all__ = ["NgramProposal", "ngram_propose"]

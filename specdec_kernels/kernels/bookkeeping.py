@@ -1,0 +1,488 @@
+"""Triton step bookkeeping: the CUDA path of the slot-mapping, verify-input and commit ops.
+
+One launch per op, no host synchronisation, grids that depend only on shapes:
+
+- ``_slot_mapping_kernel``, grid ``(cdiv(T, BLOCK),)``: a flat grid over tokens. Each lane
+  finds its request by a branch-free binary search of ``t`` in ``query_start_loc``
+  (``ceil(log2(B+2))`` loads per token from an array of ``B+1`` ints that stays in cache).
+  Chosen over a grid of ``(request, token block)`` because that grid needs a static bound
+  on the longest query (unknown without a host sync; ``T`` as the bound wastes
+  ``B*T/BLOCK`` programs) and over one program per request looping over its tokens
+  because a long prefill would then run on a single SM: the flat grid is balanced for
+  any raggedness.
+- ``_prepare_verify_kernel``, grid ``(cdiv(B, ROWS),)``: each program owns ``ROWS`` batch
+  rows. It first sums the draft counts of all rows before its own and of the whole batch
+  (``O(B)`` cached loads per program, cheaper than a second launch for B up to a few
+  thousand), then ``tl.cumsum`` gives each row's exclusive offset ``cu[b]``. Query
+  token ``j <= k_b`` of row ``b`` goes to ``qsl[b] + j`` (``qsl[b] = cu[b] + b``); row
+  ``b`` also owns ``k - k_b`` tail slots at ``qsl[B] + (b*k - cu[b])`` onwards, so the
+  ``B*(k+1)`` outputs are each written exactly once without any program waiting on
+  another. The flat drafts use the same layout on ``B*k`` slots.
+- ``_commit_kernel``, grid ``(B,)``: one program per request works on its ``k+1``
+  emitted tokens: the first ``-1``, the first counted stop token and the length budget
+  each cap the count; it writes the committed tokens and advances the counters of its own
+  state row (``req_indices`` is unique, so no two programs touch the same row).
+
+All offsets are int64, so ``T`` in the millions and large ``[R, max_model_len]`` tables
+never overflow. The block table is never read out of bounds (masked by
+``pos // block_size < max_blocks``), nor ``token_ids`` past a row's end.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec_kernels.kernels._utils import next_pow2
+
+PAD_SLOT = -1
+_SLOT_BLOCK = 1024
+_VERIFY_ROWS = 64
+_SCAN_BLOCK = 1024
+
+
+@triton.jit
+def _slot_of(
+    bt_ptr,
+    bt_stride0,
+    bt_stride1,
+    max_blocks,
+    r,
+    pos,
+    valid,
+    block_size,
+    max_model_len,
+    HAS_MAX_MODEL_LEN: tl.constexpr,
+):
+    """Slot of int64 ``pos`` in int64 state row ``r`` (same shapes), ``PAD_SLOT`` if not valid."""
+    idx = pos // block_size
+    ok = valid & (r >= 0) & (pos >= 0) & (idx < max_blocks)
+    if HAS_MAX_MODEL_LEN:
+        ok = ok & (pos < max_model_len)
+    block = tl.load(bt_ptr + r * bt_stride0 + idx * bt_stride1, mask=ok, other=-1).to(tl.int64)
+    ok = ok & (block >= 0)
+    return tl.where(ok, block * block_size + pos % block_size, PAD_SLOT)
+
+
+@triton.jit(do_not_specialize=["num_query", "batch", "search_steps"])
+def _slot_mapping_kernel(
+    bt_ptr,
+    bt_stride0,
+    bt_stride1,
+    max_blocks,
+    positions_ptr,
+    qsl_ptr,
+    req_indices_ptr,
+    slot_ptr,
+    num_query,
+    batch,
+    search_steps,
+    block_size,
+    max_model_len,
+    HAS_REQ_INDICES: tl.constexpr,
+    HAS_MAX_MODEL_LEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_range = t < num_query
+
+    # b = the largest index in [-1, B] with qsl[b] <= t (qsl[-1] counts as -inf). Steps
+    # 2^(s-1), ..., 1 reach every index up to 2^s - 2 >= B.
+    b = tl.full([BLOCK], -1, dtype=tl.int64)
+    for i in range(search_steps):
+        cand = b + (1 << (search_steps - 1 - i))
+        probe = in_range & (cand <= batch)
+        q = tl.load(qsl_ptr + cand, mask=probe, other=0)
+        b = tl.where(probe & (q <= t), cand, b)
+    valid = in_range & (b >= 0) & (b < batch)  # b == B: at or past qsl[B] (padding)
+
+    if HAS_REQ_INDICES:
+        r = tl.load(req_indices_ptr + b, mask=valid, other=-1).to(tl.int64)
+    else:
+        r = tl.where(valid, b, -1)
+    pos = tl.load(positions_ptr + t, mask=valid, other=-1).to(tl.int64)
+    slot = _slot_of(
+        bt_ptr,
+        bt_stride0,
+        bt_stride1,
+        max_blocks,
+        r,
+        pos,
+        valid,
+        block_size,
+        max_model_len,
+        HAS_MAX_MODEL_LEN,
+    )
+    tl.store(slot_ptr + t, slot, mask=in_range)
+
+
+@triton.jit(do_not_specialize=["batch"])
+def _prepare_verify_kernel(
+    token_ids_ptr,
+    tok_stride0,
+    tok_stride1,
+    hist_len,
+    num_tokens_ptr,
+    drafts_ptr,
+    drafts_stride0,
+    drafts_stride1,
+    num_drafts_ptr,
+    req_indices_ptr,
+    bt_ptr,
+    bt_stride0,
+    bt_stride1,
+    max_blocks,
+    input_ids_ptr,
+    positions_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    slot_ptr,
+    cu_ptr,
+    flat_drafts_ptr,
+    batch,
+    k,
+    block_size,
+    max_model_len,
+    HAS_REQ_INDICES: tl.constexpr,
+    ROWS: tl.constexpr,
+    KB: tl.constexpr,
+    SCAN_BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row0 = pid * ROWS
+
+    # Drafts of the rows before this program's (exclusive offset) and of the whole batch.
+    before = tl.zeros([SCAN_BLOCK], dtype=tl.int64)
+    total = tl.zeros([SCAN_BLOCK], dtype=tl.int64)
+    for start in range(0, batch, SCAN_BLOCK):
+        bb = start + tl.arange(0, SCAN_BLOCK)
+        m = bb < batch
+        kb = tl.load(num_drafts_ptr + bb, mask=m, other=0).to(tl.int64)
+        kb = tl.minimum(tl.maximum(kb, 0), k)
+        if HAS_REQ_INDICES:
+            kb = tl.where(tl.load(req_indices_ptr + bb, mask=m, other=-1) >= 0, kb, 0)
+        total += kb
+        before += tl.where(bb < row0, kb, 0)
+    before_sum = tl.sum(before, axis=0)
+    total_sum = tl.sum(total, axis=0)
+
+    b = row0 + tl.arange(0, ROWS).to(tl.int64)
+    in_batch = b < batch
+    if HAS_REQ_INDICES:
+        r = tl.load(req_indices_ptr + b, mask=in_batch, other=-1).to(tl.int64)
+    else:
+        r = tl.where(in_batch, b, -1)
+    active = in_batch & (r >= 0)
+    kb = tl.load(num_drafts_ptr + b, mask=active, other=0).to(tl.int64)
+    kb = tl.where(active, tl.minimum(tl.maximum(kb, 0), k), 0)
+    cu = before_sum + tl.cumsum(kb, axis=0) - kb  # exclusive prefix sum
+    qsl = cu + b
+    qsl_end = total_sum + batch
+    unused_before = b * k - cu  # tail slots owned by the rows before b
+    length = tl.load(num_tokens_ptr + tl.maximum(r, 0), mask=active, other=0).to(tl.int64)
+
+    # Query tile [ROWS, KB]: entry j <= k_b is query token j (a padding row's entry 0 is its
+    # dummy token); entries k_b < j <= k are the row's tail slots.
+    j = tl.arange(0, KB)[None, :]
+    real = (j <= kb[:, None]) & in_batch[:, None]
+    live = real & active[:, None]
+    tail = (j > kb[:, None]) & (j <= k) & in_batch[:, None]
+    last_pos = tl.minimum(tl.maximum(length - 1, 0), hist_len - 1)
+    last = tl.load(
+        token_ids_ptr + r * tok_stride0 + last_pos * tok_stride1,
+        mask=active & (length >= 1),
+        other=0,
+    )
+    draft = tl.load(
+        drafts_ptr + b[:, None] * drafts_stride0 + (j - 1) * drafts_stride1,
+        mask=live & (j >= 1),
+        other=0,
+    )
+    ids = tl.where(live, tl.where(j == 0, last[:, None], draft), 0)
+    pos = tl.where(live, length[:, None] - 1 + j, 0)
+    slot = _slot_of(
+        bt_ptr,
+        bt_stride0,
+        bt_stride1,
+        max_blocks,
+        r[:, None],
+        pos,
+        live,
+        block_size,
+        max_model_len,
+        True,
+    )
+    dest = tl.where(
+        real, qsl[:, None] + j, qsl_end + unused_before[:, None] + (j - kb[:, None] - 1)
+    )
+    write = real | tail
+    tl.store(input_ids_ptr + dest, ids.to(tl.int32), mask=write)
+    tl.store(positions_ptr + dest, pos, mask=write)
+    tl.store(slot_ptr + dest, slot, mask=write)
+
+    # Draft tile: entry j < k_b goes to cu[b] + j, entries k_b <= j < k (value -1) to the tail.
+    real_d = (j < kb[:, None]) & in_batch[:, None]
+    tail_d = (j >= kb[:, None]) & (j < k) & in_batch[:, None]
+    draft_d = tl.load(
+        drafts_ptr + b[:, None] * drafts_stride0 + j * drafts_stride1, mask=real_d, other=-1
+    )
+    dest_d = tl.where(
+        real_d, cu[:, None] + j, total_sum + unused_before[:, None] + (j - kb[:, None])
+    )
+    tl.store(flat_drafts_ptr + dest_d, tl.where(real_d, draft_d, -1), mask=real_d | tail_d)
+
+    tl.store(cu_ptr + b, cu.to(tl.int32), mask=in_batch)
+    tl.store(qsl_ptr + b, qsl.to(tl.int32), mask=in_batch)
+    tl.store(seq_lens_ptr + b, tl.where(active, length + kb, 1).to(tl.int32), mask=in_batch)
+    if pid == 0:
+        tl.store(cu_ptr + batch, total_sum.to(tl.int32))
+        tl.store(qsl_ptr + batch, qsl_end.to(tl.int32))
+
+
+@triton.jit
+def _commit_kernel(
+    token_ids_ptr,
+    tok_stride0,
+    tok_stride1,
+    hist_len,
+    num_tokens_ptr,
+    num_tokens_stride,
+    out_ptr,
+    out_stride0,
+    out_stride1,
+    num_emitted_ptr,
+    req_indices_ptr,
+    stop_ptr,
+    stop_stride0,
+    stop_stride1,
+    num_stops,
+    prompt_ptr,
+    min_tokens_ptr,
+    max_tokens_ptr,
+    max_model_len,
+    computed_ptr,
+    computed_stride,
+    committed_ptr,
+    finished_ptr,
+    reason_ptr,
+    k1,
+    HAS_REQ_INDICES: tl.constexpr,
+    HAS_STOP: tl.constexpr,
+    HAS_PROMPT: tl.constexpr,
+    HAS_MIN_TOKENS: tl.constexpr,
+    HAS_MAX_TOKENS: tl.constexpr,
+    HAS_COMPUTED: tl.constexpr,
+    KB: tl.constexpr,
+    SB: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    if HAS_REQ_INDICES:
+        r = tl.load(req_indices_ptr + b).to(tl.int64)
+    else:
+        r = b
+    active = r >= 0
+    rc = tl.maximum(r, 0)
+    length = tl.load(num_tokens_ptr + rc * num_tokens_stride, mask=active, other=0).to(tl.int64)
+    if HAS_PROMPT:
+        out_index = length - tl.load(prompt_ptr + rc, mask=active, other=0).to(tl.int64)
+    else:
+        out_index = length
+
+    j = tl.arange(0, KB)
+    tok = tl.load(out_ptr + b * out_stride0 + j * out_stride1, mask=j < k1, other=-1)
+    n = tl.load(num_emitted_ptr + b).to(tl.int64)
+    n = tl.minimum(tl.maximum(n, 0), k1)
+    n = tl.minimum(n, tl.min(tl.where((j < n) & (tok < 0), j, KB), axis=0))
+
+    is_stop = tl.zeros([KB], dtype=tl.int32)
+    if HAS_STOP:
+        for s0 in range(0, num_stops, SB):
+            s = s0 + tl.arange(0, SB)
+            stop = tl.load(
+                stop_ptr + b * stop_stride0 + s * stop_stride1, mask=s < num_stops, other=-1
+            )
+            hit = (tok[:, None] == stop[None, :]) & (stop[None, :] >= 0)
+            is_stop = tl.maximum(is_stop, tl.max(hit.to(tl.int32), axis=1))
+    counts = (is_stop > 0) & (j < n)
+    if HAS_MIN_TOKENS:
+        counts = counts & (out_index + j >= tl.load(min_tokens_ptr + b).to(tl.int64))
+    first_stop = tl.min(tl.where(counts, j, KB), axis=0)
+
+    room = tl.minimum(max_model_len, hist_len) - length  # tokens left in the budget
+    if HAS_MAX_TOKENS:
+        room = tl.minimum(room, tl.load(max_tokens_ptr + b).to(tl.int64) - out_index)
+    count = tl.minimum(tl.minimum(n, first_stop + 1), tl.maximum(room, 0))
+    reason = tl.where(room <= 0, 2, tl.where(first_stop < count, 1, tl.where(count == room, 2, 0)))
+    count = tl.where(active, count, 0)
+    reason = tl.where(active, reason, 0)
+
+    dst = token_ids_ptr + rc * tok_stride0 + (length + j) * tok_stride1
+    tl.store(dst, tok, mask=j < count)
+    tl.store(num_tokens_ptr + rc * num_tokens_stride, (length + count).to(tl.int32), mask=active)
+    if HAS_COMPUTED:
+        cptr = computed_ptr + rc * computed_stride
+        done = tl.load(cptr, mask=active, other=0)
+        tl.store(cptr, done + count.to(tl.int32), mask=active)
+    tl.store(committed_ptr + b, count.to(tl.int32))
+    tl.store(finished_ptr + b, reason != 0)
+    tl.store(reason_ptr + b, reason.to(tl.int8))
+
+
+def compute_slot_mapping(
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    req_indices: torch.Tensor | None,
+    *,
+    block_size: int,
+    max_model_len: int | None,
+) -> torch.Tensor:
+    """Launch the slot-mapping kernel; inputs are assumed validated."""
+    T = positions.shape[0]
+    B = query_start_loc.shape[0] - 1
+    slot_mapping = torch.empty((T,), dtype=torch.int64, device=positions.device)
+    if T == 0:
+        return slot_mapping
+    _slot_mapping_kernel[(triton.cdiv(T, _SLOT_BLOCK),)](
+        bt_ptr=block_table,
+        bt_stride0=block_table.stride(0),
+        bt_stride1=block_table.stride(1),
+        max_blocks=block_table.shape[1],
+        positions_ptr=positions,
+        qsl_ptr=query_start_loc,
+        req_indices_ptr=req_indices if req_indices is not None else query_start_loc,
+        slot_ptr=slot_mapping,
+        num_query=T,
+        batch=B,
+        search_steps=(B + 1).bit_length(),
+        block_size=block_size,
+        max_model_len=max_model_len if max_model_len is not None else 0,
+        HAS_REQ_INDICES=req_indices is not None,
+        HAS_MAX_MODEL_LEN=max_model_len is not None,
+        BLOCK=_SLOT_BLOCK,
+    )
+    return slot_mapping
+
+
+def prepare_verify_inputs(
+    token_ids: torch.Tensor,
+    num_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    block_table: torch.Tensor,
+    req_indices: torch.Tensor | None,
+    *,
+    block_size: int,
+    max_model_len: int,
+) -> tuple[torch.Tensor, ...]:
+    """Launch the verify-input kernel; inputs are assumed validated."""
+    B, k = draft_token_ids.shape
+    device = token_ids.device
+    num_query = B * (k + 1)
+    input_ids = torch.empty((num_query,), dtype=torch.int32, device=device)
+    positions = torch.empty((num_query,), dtype=torch.int64, device=device)
+    qsl = torch.empty((B + 1,), dtype=torch.int32, device=device)
+    seq_lens = torch.empty((B,), dtype=torch.int32, device=device)
+    slot_mapping = torch.empty((num_query,), dtype=torch.int64, device=device)
+    cu = torch.empty((B + 1,), dtype=torch.int32, device=device)
+    flat_drafts = torch.empty((B * k,), dtype=torch.int32, device=device)
+    outputs = (input_ids, positions, qsl, seq_lens, slot_mapping, cu, flat_drafts)
+    if B == 0:
+        qsl.zero_()
+        cu.zero_()
+        return outputs
+    _prepare_verify_kernel[(triton.cdiv(B, _VERIFY_ROWS),)](
+        token_ids_ptr=token_ids,
+        tok_stride0=token_ids.stride(0),
+        tok_stride1=token_ids.stride(1),
+        hist_len=token_ids.shape[1],
+        num_tokens_ptr=num_tokens,
+        drafts_ptr=draft_token_ids,
+        drafts_stride0=draft_token_ids.stride(0),
+        drafts_stride1=draft_token_ids.stride(1),
+        num_drafts_ptr=num_draft_tokens,
+        req_indices_ptr=req_indices if req_indices is not None else num_draft_tokens,
+        bt_ptr=block_table,
+        bt_stride0=block_table.stride(0),
+        bt_stride1=block_table.stride(1),
+        max_blocks=block_table.shape[1],
+        input_ids_ptr=input_ids,
+        positions_ptr=positions,
+        qsl_ptr=qsl,
+        seq_lens_ptr=seq_lens,
+        slot_ptr=slot_mapping,
+        cu_ptr=cu,
+        flat_drafts_ptr=flat_drafts if k else cu,  # never written when k == 0
+        batch=B,
+        k=k,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        HAS_REQ_INDICES=req_indices is not None,
+        ROWS=_VERIFY_ROWS,
+        KB=next_pow2(k + 1),
+        SCAN_BLOCK=_SCAN_BLOCK,
+    )
+    return outputs
+
+
+def commit_accepted_tokens(
+    token_ids: torch.Tensor,
+    num_tokens: torch.Tensor,
+    output_token_ids: torch.Tensor,
+    num_emitted: torch.Tensor,
+    req_indices: torch.Tensor | None,
+    stop_token_ids: torch.Tensor | None,
+    num_prompt_tokens: torch.Tensor | None,
+    min_tokens: torch.Tensor | None,
+    max_tokens: torch.Tensor | None,
+    max_model_len: int,
+    num_computed_tokens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the commit kernel (mutates ``token_ids``, ``num_tokens``, ``num_computed_tokens``)."""
+    B, k1 = output_token_ids.shape
+    device = token_ids.device
+    committed = torch.empty((B,), dtype=torch.int32, device=device)
+    finished = torch.empty((B,), dtype=torch.bool, device=device)
+    reason = torch.empty((B,), dtype=torch.int8, device=device)
+    if B == 0:
+        return committed, finished, reason
+    has_stop = stop_token_ids is not None and stop_token_ids.shape[1] > 0
+    num_stops = stop_token_ids.shape[1] if has_stop else 0
+    dummy = num_emitted  # never read when the matching HAS_* flag is False
+    _commit_kernel[(B,)](
+        token_ids_ptr=token_ids,
+        tok_stride0=token_ids.stride(0),
+        tok_stride1=token_ids.stride(1),
+        hist_len=token_ids.shape[1],
+        num_tokens_ptr=num_tokens,
+        num_tokens_stride=num_tokens.stride(0),
+        out_ptr=output_token_ids,
+        out_stride0=output_token_ids.stride(0),
+        out_stride1=output_token_ids.stride(1),
+        num_emitted_ptr=num_emitted,
+        req_indices_ptr=req_indices if req_indices is not None else dummy,
+        stop_ptr=stop_token_ids if has_stop else dummy,
+        stop_stride0=stop_token_ids.stride(0) if has_stop else 0,
+        stop_stride1=stop_token_ids.stride(1) if has_stop else 0,
+        num_stops=num_stops,
+        prompt_ptr=num_prompt_tokens if num_prompt_tokens is not None else dummy,
+        min_tokens_ptr=min_tokens if min_tokens is not None else dummy,
+        max_tokens_ptr=max_tokens if max_tokens is not None else dummy,
+        max_model_len=max_model_len,
+        computed_ptr=num_computed_tokens if num_computed_tokens is not None else dummy,
+        computed_stride=num_computed_tokens.stride(0) if num_computed_tokens is not None else 0,
+        committed_ptr=committed,
+        finished_ptr=finished,
+        reason_ptr=reason,
+        k1=k1,
+        HAS_REQ_INDICES=req_indices is not None,
+        HAS_STOP=has_stop,
+        HAS_PROMPT=num_prompt_tokens is not None,
+        HAS_MIN_TOKENS=min_tokens is not None,
+        HAS_MAX_TOKENS=max_tokens is not None,
+        HAS_COMPUTED=num_computed_tokens is not None,
+        KB=next_pow2(k1),
+        SB=min(16, next_pow2(num_stops)),
+    )
+    return committed, finished, reason
