@@ -91,7 +91,7 @@ def prepare_verify_inputs(
     if R == 0 or L_max == 0:
         active = torch.zeros(B, dtype=torch.bool)
         rows = torch.zeros(B, dtype=torch.long)
-    k_b = torch.where(active, num_draft_tokens.long(), 0)
+    k_b = torch.where(active, num_draft_tokens.long().clamp(0, k), 0)  # as the kernel does
     cu = torch.zeros(B + 1, dtype=torch.long)
     torch.cumsum(k_b, 0, out=cu[1:])
     b_idx = torch.arange(B)

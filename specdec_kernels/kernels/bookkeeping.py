@@ -42,6 +42,11 @@ _VERIFY_ROWS = 64
 _SCAN_BLOCK = 1024
 
 
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Output allocation (tests swap it for a poisoned fill to catch unwritten slots)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 @triton.jit
 def _slot_of(
     bt_ptr,
@@ -341,7 +346,7 @@ def compute_slot_mapping(
     """Launch the slot-mapping kernel; inputs are assumed validated."""
     T = positions.shape[0]
     B = query_start_loc.shape[0] - 1
-    slot_mapping = torch.empty((T,), dtype=torch.int64, device=positions.device)
+    slot_mapping = _empty((T,), torch.int64, positions.device)
     if T == 0:
         return slot_mapping
     _slot_mapping_kernel[(triton.cdiv(T, _SLOT_BLOCK),)](
@@ -380,13 +385,13 @@ def prepare_verify_inputs(
     B, k = draft_token_ids.shape
     device = token_ids.device
     num_query = B * (k + 1)
-    input_ids = torch.empty((num_query,), dtype=torch.int32, device=device)
-    positions = torch.empty((num_query,), dtype=torch.int64, device=device)
-    qsl = torch.empty((B + 1,), dtype=torch.int32, device=device)
-    seq_lens = torch.empty((B,), dtype=torch.int32, device=device)
-    slot_mapping = torch.empty((num_query,), dtype=torch.int64, device=device)
-    cu = torch.empty((B + 1,), dtype=torch.int32, device=device)
-    flat_drafts = torch.empty((B * k,), dtype=torch.int32, device=device)
+    input_ids = _empty((num_query,), torch.int32, device)
+    positions = _empty((num_query,), torch.int64, device)
+    qsl = _empty((B + 1,), torch.int32, device)
+    seq_lens = _empty((B,), torch.int32, device)
+    slot_mapping = _empty((num_query,), torch.int64, device)
+    cu = _empty((B + 1,), torch.int32, device)
+    flat_drafts = _empty((B * k,), torch.int32, device)
     outputs = (input_ids, positions, qsl, seq_lens, slot_mapping, cu, flat_drafts)
     if B == 0:
         qsl.zero_()
@@ -442,9 +447,9 @@ def commit_accepted_tokens(
     """Launch the commit kernel (mutates ``token_ids``, ``num_tokens``, ``num_computed_tokens``)."""
     B, k1 = output_token_ids.shape
     device = token_ids.device
-    committed = torch.empty((B,), dtype=torch.int32, device=device)
-    finished = torch.empty((B,), dtype=torch.bool, device=device)
-    reason = torch.empty((B,), dtype=torch.int8, device=device)
+    committed = _empty((B,), torch.int32, device)
+    finished = _empty((B,), torch.bool, device)
+    reason = _empty((B,), torch.int8, device)
     if B == 0:
         return committed, finished, reason
     has_stop = stop_token_ids is not None and stop_token_ids.shape[1] > 0

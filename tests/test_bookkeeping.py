@@ -1,0 +1,1020 @@
+"""Step bookkeeping ops: named cases, CPU path == reference == Triton kernel, registration, errors.
+
+``compute_slot_mapping``, ``prepare_verify_inputs`` and ``commit_accepted_tokens``
+(DESIGN.md ops 3, 4, 5). The Triton launchers run on CPU tensors under the interpreter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specdec_kernels.ops import (
+    commit_accepted_tokens,
+    compute_slot_mapping,
+    prepare_verify_inputs,
+)
+
+from specdec_kernels.cpu import bookkeeping as cpu_bk
+from specdec_kernels.kernels import bookkeeping as triton_bk
+from specdec_kernels.reference import bookkeeping as ref_bk
+
+I32, I64 = torch.int32, torch.int64
+IMPLS = ("reference", "cpu", "triton")
+ALL = (*IMPLS, "public")
+MODULES = {"reference": ref_bk, "cpu": cpu_bk, "triton": triton_bk}
+
+
+def _i32(x):
+    return torch.tensor(x, dtype=I32)
+
+
+def _to(t, device):
+    return None if t is None else t.to(device)
+
+
+def _cpu(out):
+    return tuple(o.cpu() for o in out)
+
+
+# ---------------------------------------------------------------- callers
+
+
+def slot_mapping(impl, bt, pos, qsl, req=None, *, block_size, max_model_len=None, device="cpu"):
+    if impl == "public":
+        return compute_slot_mapping(
+            bt, pos, qsl, req, block_size=block_size, max_model_len=max_model_len
+        )
+    dev = device if impl == "triton" else "cpu"
+    fn = MODULES[impl].compute_slot_mapping
+    out = fn(
+        _to(bt, dev),
+        _to(pos, dev),
+        _to(qsl, dev),
+        _to(req, dev),
+        block_size=block_size,
+        max_model_len=max_model_len,
+    )
+    return out.cpu()
+
+
+def verify_inputs(
+    impl, tok, nt, drafts, nd, bt, req=None, *, block_size, max_model_len, device="cpu"
+):
+    if impl == "public":
+        return tuple(
+            prepare_verify_inputs(
+                tok, nt, drafts, nd, bt, req, block_size=block_size, max_model_len=max_model_len
+            )
+        )
+    dev = device if impl == "triton" else "cpu"
+    fn = MODULES[impl].prepare_verify_inputs
+    args = [_to(t, dev) for t in (tok, nt, drafts, nd, bt, req)]
+    return _cpu(fn(*args, block_size=block_size, max_model_len=max_model_len))
+
+
+def commit(impl, state, out, emitted, req=None, *, device="cpu", **kw):
+    """Run one commit on a copy of ``state`` (token_ids, num_tokens, num_computed or None).
+
+    Returns ``(result, new_state)``; the copies keep the strides of the originals.
+    """
+    tok, nt, nc = (None if s is None else s.clone() for s in state)
+    opt = {
+        k: kw.get(k) for k in ("stop_token_ids", "num_prompt_tokens", "min_tokens", "max_tokens")
+    }
+    mml = kw["max_model_len"]
+    if impl == "public":
+        res = commit_accepted_tokens(
+            tok, nt, out, emitted, req, max_model_len=mml, num_computed_tokens=nc, **opt
+        )
+        return tuple(res), (tok, nt, nc)
+    dev = device if impl == "triton" else "cpu"
+    if dev != "cpu":
+        tok, nt, nc = (_to(s, dev) for s in (tok, nt, nc))
+    res = MODULES[impl].commit_accepted_tokens(
+        tok,
+        nt,
+        _to(out, dev),
+        _to(emitted, dev),
+        _to(req, dev),
+        _to(opt["stop_token_ids"], dev),
+        _to(opt["num_prompt_tokens"], dev),
+        _to(opt["min_tokens"], dev),
+        _to(opt["max_tokens"], dev),
+        mml,
+        nc,
+    )
+    return _cpu(res), tuple(None if s is None else s.cpu() for s in (tok, nt, nc))
+
+
+def _assert_same(got, want, what):
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g is None or w is None:
+            assert g is None and w is None, (what, i)
+            continue
+        assert g.dtype == w.dtype and g.shape == w.shape, (what, i, g.dtype, w.dtype)
+        assert torch.equal(g, w), (what, i, g, w)
+
+
+# ---------------------------------------------------------------- issue cases 1-3
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_case1_slots_cross_non_contiguous_blocks(impl, kernel_device):
+    out = slot_mapping(
+        impl,
+        _i32([[7, 2]]),
+        torch.tensor([3, 4, 5]),
+        _i32([0, 3]),
+        block_size=4,
+        device=kernel_device,
+    )
+    assert out.dtype == I64 and out.tolist() == [31, 8, 9]
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_case2_positions_at_or_past_max_model_len_get_pad_slot(impl, kernel_device):
+    out = slot_mapping(
+        impl,
+        _i32([[0, 1, 2]]),
+        torch.tensor([8, 9, 10, 11]),
+        _i32([0, 4]),
+        block_size=4,
+        max_model_len=10,
+        device=kernel_device,
+    )
+    assert out.tolist() == [8, 9, -1, -1]
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_case3_padded_batch_gets_pad_slots(impl, kernel_device):
+    bt = _i32([[3, 4], [6, 7], [-1, -1], [-1, -1]])
+    pos = torch.tensor([6, 3, 0, 0])
+    qsl = _i32([0, 1, 2, 3, 4])
+    req = _i32([0, 1, -1, -1])
+    out = slot_mapping(impl, bt, pos, qsl, req, block_size=4, device=kernel_device)
+    assert out.tolist() == [18, 27, -1, -1]
+
+
+# ---------------------------------------------------------------- slot mapping, more
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_slot_mapping_pads_tail_bad_positions_and_unallocated_blocks(impl, kernel_device):
+    # Request 0 (state row 1): positions -1, 0, 5 (block 1 unallocated), 8 (past the
+    # table's 2 blocks). Request 1 is empty; request 2 is a padding row; 2 tail tokens.
+    bt = _i32([[9, 9], [5, -3]])
+    pos = torch.tensor([-1, 0, 5, 8, 1, 1, 2])
+    qsl = _i32([0, 4, 4, 5])
+    req = _i32([1, 0, -1])
+    out = slot_mapping(impl, bt, pos, qsl, req, block_size=4, device=kernel_device)
+    assert out.tolist() == [-1, 20, -1, -1, -1, -1, -1]
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_slot_mapping_int32_positions_and_slots_past_int32(impl, kernel_device):
+    # A block id near 2^31 / block_size: the slot needs int64 arithmetic.
+    big = 2**31 // 16 + 5
+    out = slot_mapping(
+        impl,
+        _i32([[big]]),
+        torch.tensor([3], dtype=I32),
+        _i32([0, 1]),
+        block_size=16,
+        device=kernel_device,
+    )
+    assert out.tolist() == [big * 16 + 3]
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_slot_mapping_empty_batch_and_no_tokens(impl, kernel_device):
+    bt = _i32([[1, 2]])
+    out = slot_mapping(
+        impl, bt, torch.tensor([0, 1]), _i32([0]), block_size=2, device=kernel_device
+    )
+    assert out.tolist() == [-1, -1]
+    out = slot_mapping(
+        impl, bt, torch.zeros(0, dtype=I64), _i32([0, 0]), block_size=2, device=kernel_device
+    )
+    assert out.shape == (0,)
+
+
+def test_slot_mapping_kernel_spans_several_token_blocks(kernel_device):
+    # 2600 tokens over 3 programs, 33 requests (a 6-step binary search), one prefill-sized.
+    g = torch.Generator().manual_seed(1)
+    lens = torch.randint(0, 40, (33,), generator=g)
+    lens[7] = 1500
+    qsl = torch.zeros(34, dtype=I64)
+    qsl[1:] = lens.cumsum(0)
+    T = int(qsl[-1]) + 11
+    pos = torch.randint(-2, 2100, (T,), generator=g)
+    bt = torch.randint(-1, 500, (40, 130), generator=g, dtype=I32)
+    req = torch.randperm(40, generator=g)[:33].to(I32)
+    req[3] = -1
+    want = slot_mapping("reference", bt, pos, qsl.to(I32), req, block_size=16, max_model_len=2000)
+    for impl in ("cpu", "triton"):
+        got = slot_mapping(
+            impl, bt, pos, qsl.to(I32), req, block_size=16, max_model_len=2000, device=kernel_device
+        )
+        assert torch.equal(got, want), impl
+
+
+def test_slot_mapping_non_contiguous_block_table(kernel_device):
+    wide = torch.arange(60, dtype=I32).reshape(6, 10)
+    bt = wide[::2, 1::3]  # [3, 3], strides (20, 3)
+    assert not bt.is_contiguous()
+    pos = torch.tensor([0, 5, 11, 2, 3])
+    qsl = _i32([0, 3, 5])
+    req = _i32([2, 0])
+    want = slot_mapping("reference", bt.contiguous(), pos, qsl, req, block_size=4)
+    assert want.tolist() == [41 * 4, 44 * 4 + 1, 47 * 4 + 3, 1 * 4 + 2, 1 * 4 + 3]
+    for impl in ("cpu", "triton", "public"):
+        got = slot_mapping(impl, bt, pos, qsl, req, block_size=4, device=kernel_device)
+        assert torch.equal(got, want), impl
+
+
+@st.composite
+def _slot_batches(draw):
+    R = draw(st.integers(1, 5))
+    max_blocks = draw(st.integers(1, 4))
+    block_size = draw(st.sampled_from([1, 2, 3, 4, 16]))
+    bt = draw(st.lists(st.integers(-1, 30), min_size=R * max_blocks, max_size=R * max_blocks))
+    lens = draw(st.lists(st.integers(0, 5), min_size=0, max_size=6))
+    B = len(lens)
+    extra = draw(st.integers(0, 4))
+    T = sum(lens) + extra
+    span = block_size * max_blocks
+    pos = draw(st.lists(st.integers(-2, span + 3), min_size=T, max_size=T))
+    req = None
+    if draw(st.booleans()) or B > R:
+        req = draw(st.lists(st.integers(-1, R - 1), min_size=B, max_size=B))
+    mml = draw(st.one_of(st.none(), st.integers(1, span + 2)))
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    return (
+        torch.tensor(bt, dtype=I32).reshape(R, max_blocks),
+        torch.tensor(pos, dtype=I64),
+        _i32(qsl),
+        None if req is None else _i32(req),
+        block_size,
+        mml,
+    )
+
+
+@settings(max_examples=100)
+@given(_slot_batches())
+def test_slot_mapping_cpu_and_triton_match_reference(case):
+    bt, pos, qsl, req, bs, mml = case
+    want = slot_mapping("reference", bt, pos, qsl, req, block_size=bs, max_model_len=mml)
+    for impl in ("cpu", "triton", "public"):
+        got = slot_mapping(impl, bt, pos, qsl, req, block_size=bs, max_model_len=mml)
+        assert torch.equal(got, want), (impl, got, want)
+
+
+# ---------------------------------------------------------------- prepare_verify_inputs
+
+
+def _verify_example():
+    # State rows 0..2 with lengths 5, 9, 3; batch [row 2 (3 drafts), padding, row 0 (2)].
+    tok = torch.arange(60, dtype=I32).reshape(3, 20)
+    nt = _i32([5, 9, 3])
+    drafts = _i32([[100, 101, 102], [200, 201, 202], [300, 301, -1]])
+    nd = _i32([3, 2, 2])  # the padding row's count is ignored
+    bt = _i32([[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+    req = _i32([2, -1, 0])
+    return tok, nt, drafts, nd, bt, req
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_verify_inputs_pack_queries_padding_row_and_tail(impl, kernel_device):
+    out = verify_inputs(
+        impl, *_verify_example(), block_size=4, max_model_len=16, device=kernel_device
+    )
+    ids, pos, qsl, seq_lens, slots, cu, flat = out
+    assert ids.tolist() == [42, 100, 101, 102, 0, 4, 300, 301, 0, 0, 0, 0]
+    assert pos.tolist() == [2, 3, 4, 5, 0, 4, 5, 6, 0, 0, 0, 0]
+    assert qsl.tolist() == [0, 4, 5, 8]
+    assert seq_lens.tolist() == [6, 1, 7]
+    assert slots.tolist() == [26, 27, 28, 29, -1, 4, 5, 6, -1, -1, -1, -1]
+    assert cu.tolist() == [0, 3, 3, 5]
+    assert flat.tolist() == [100, 101, 102, 300, 301, -1, -1, -1, -1]
+    assert [o.dtype for o in out] == [I32, I64, I32, I32, I64, I32, I32]
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_verify_inputs_with_k_zero_is_plain_decoding(impl, kernel_device):
+    tok = torch.arange(30, dtype=I32).reshape(3, 10)
+    nt = _i32([4, 10, 1])
+    bt = _i32([[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+    drafts = torch.zeros((3, 0), dtype=I32)
+    out = verify_inputs(
+        impl,
+        tok,
+        nt,
+        drafts,
+        _i32([0, 0, 0]),
+        bt,
+        _i32([1, 2, 0]),
+        block_size=4,
+        max_model_len=12,
+        device=kernel_device,
+    )
+    ids, pos, qsl, seq_lens, slots, cu, flat = out
+    assert ids.tolist() == [19, 20, 3]
+    assert pos.tolist() == [9, 0, 3]
+    assert qsl.tolist() == [0, 1, 2, 3] and cu.tolist() == [0, 0, 0, 0]
+    assert seq_lens.tolist() == [10, 1, 4]
+    assert slots.tolist() == [5 * 4 + 1, 6 * 4, 3]
+    assert flat.shape == (0,)
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_verify_inputs_drafts_past_max_model_len_get_pad_slot(impl, kernel_device):
+    tok = torch.arange(8, dtype=I32)[None]
+    out = verify_inputs(
+        impl,
+        tok,
+        _i32([7]),
+        _i32([[50, 51, 52]]),
+        _i32([3]),
+        _i32([[1, 2]]),
+        block_size=4,
+        max_model_len=8,
+        device=kernel_device,
+    )
+    assert out[1].tolist() == [6, 7, 8, 9]
+    assert out[4].tolist() == [10, 11, -1, -1]
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_verify_inputs_empty_batch(impl, kernel_device):
+    tok = torch.zeros((2, 4), dtype=I32)
+    out = verify_inputs(
+        impl,
+        tok,
+        _i32([1, 1]),
+        torch.zeros((0, 3), dtype=I32),
+        torch.zeros(0, dtype=I32),
+        _i32([[0], [1]]),
+        block_size=4,
+        max_model_len=4,
+        device=kernel_device,
+    )
+    assert [tuple(o.shape) for o in out] == [(0,), (0,), (1,), (0,), (0,), (1,), (0,)]
+    assert out[2].tolist() == [0] and out[5].tolist() == [0]
+
+
+def test_verify_inputs_non_contiguous_inputs(kernel_device):
+    tok, nt, drafts, nd, bt, req = _verify_example()
+    tok_s = torch.zeros((3, 40), dtype=I32)
+    tok_s[:, ::2] = tok
+    d_s = torch.zeros((3, 6), dtype=I32)
+    d_s[:, ::2] = drafts
+    bt_s = bt.t().contiguous().t()
+    for t in (tok_s[:, ::2], d_s[:, ::2], bt_s):
+        assert not t.is_contiguous()
+    want = verify_inputs("reference", tok, nt, drafts, nd, bt, req, block_size=4, max_model_len=16)
+    for impl in ("cpu", "triton", "public"):
+        got = verify_inputs(
+            impl,
+            tok_s[:, ::2],
+            nt,
+            d_s[:, ::2],
+            nd,
+            bt_s,
+            req,
+            block_size=4,
+            max_model_len=16,
+            device=kernel_device,
+        )
+        _assert_same(got, want, impl)
+
+
+def test_verify_inputs_kernel_spans_several_row_blocks(kernel_device):
+    # B = 150 rows: three programs, each summing the draft counts of the rows before it.
+    g = torch.Generator().manual_seed(2)
+    R, B, k = 200, 150, 3
+    tok = torch.randint(0, 1000, (R, 64), generator=g, dtype=I32)
+    nt = torch.randint(1, 60, (R,), generator=g, dtype=I32)
+    drafts = torch.randint(0, 1000, (B, k), generator=g, dtype=I32)
+    nd = torch.randint(0, k + 1, (B,), generator=g, dtype=I32)
+    bt = torch.randint(-1, 300, (R, 16), generator=g, dtype=I32)
+    req = torch.randperm(R, generator=g)[:B].to(I32)
+    req[::7] = -1
+    want = verify_inputs("reference", tok, nt, drafts, nd, bt, req, block_size=4, max_model_len=62)
+    for impl in ("cpu", "triton"):
+        got = verify_inputs(
+            impl, tok, nt, drafts, nd, bt, req, block_size=4, max_model_len=62, device=kernel_device
+        )
+        _assert_same(got, want, impl)
+
+
+@st.composite
+def _verify_batches(draw):
+    R = draw(st.integers(1, 5))
+    L_max = draw(st.integers(1, 12))
+    k = draw(st.integers(0, 4))
+    B = draw(st.integers(0, 6))
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    max_blocks = draw(st.integers(1, 5))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    tok = torch.randint(0, 50, (R, L_max), generator=g, dtype=I32)
+    nt = torch.randint(1, L_max + 1, (R,), generator=g, dtype=I32)
+    drafts = torch.randint(0, 50, (B, k), generator=g, dtype=I32)
+    nd = torch.randint(0, k + 1, (B,), generator=g, dtype=I32)
+    bt = torch.randint(-1, 20, (R, max_blocks), generator=g, dtype=I32)
+    req = None
+    if draw(st.booleans()) or B > R:
+        req = draw(st.lists(st.integers(-1, R - 1), min_size=B, max_size=B))
+        req = _i32(req).reshape(B)
+    mml = draw(st.integers(1, L_max + k + 2))
+    return tok, nt, drafts, nd, bt, req, block_size, mml
+
+
+@settings(max_examples=100)
+@given(_verify_batches())
+def test_verify_inputs_cpu_and_triton_match_reference(case):
+    *args, bs, mml = case
+    want = verify_inputs("reference", *args, block_size=bs, max_model_len=mml)
+    for impl in ("cpu", "triton", "public"):
+        got = verify_inputs(impl, *args, block_size=bs, max_model_len=mml)
+        _assert_same(got, want, impl)
+    # Its slot mapping is compute_slot_mapping's on its own positions and query layout.
+    tok, nt, drafts, nd, bt, req = args
+    again = slot_mapping("cpu", bt, want[1], want[2], req, block_size=bs, max_model_len=mml)
+    assert torch.equal(again, want[4])
+
+
+def _poisoned(monkeypatch, value):
+    def alloc(shape, dtype, device):
+        if dtype == torch.bool:
+            fill = bool(value % 2)
+        elif dtype == torch.int8:
+            fill = max(-128, min(127, value))
+        else:
+            fill = value
+        return torch.full(shape, fill, dtype=dtype, device=device)
+
+    monkeypatch.setattr(triton_bk, "_empty", alloc)
+
+
+@pytest.mark.parametrize("poison", [-77, 12345])
+def test_verify_inputs_kernel_writes_every_output_slot(poison, monkeypatch, kernel_device):
+    args = _verify_example()
+    want = verify_inputs("reference", *args, block_size=4, max_model_len=16)
+    _poisoned(monkeypatch, poison)
+    got = verify_inputs("triton", *args, block_size=4, max_model_len=16, device=kernel_device)
+    _assert_same(got, want, "triton")
+
+
+@pytest.mark.parametrize("poison", [-77, 12345])
+def test_slot_mapping_kernel_writes_every_output_slot(poison, monkeypatch, kernel_device):
+    args = (
+        _i32([[3, 4], [6, 7]]),
+        torch.tensor([6, 3, 0, 0, 9]),
+        _i32([0, 1, 2, 2]),
+        _i32([0, 1, -1]),
+    )
+    want = slot_mapping("reference", *args, block_size=4)
+    _poisoned(monkeypatch, poison)
+    got = slot_mapping("triton", *args, block_size=4, device=kernel_device)
+    assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------- commit: issue cases 4-5
+
+
+def _single_row(emitted, *, prompt_done=True, L=4, width=64, num_emitted=None):
+    state = (torch.full((1, width), -9, dtype=I32), _i32([L]), _i32([L - 1]))
+    out = _i32([emitted])
+    n = _i32([len(emitted) if num_emitted is None else num_emitted])
+    return state, out, n, _i32([L if prompt_done else 0])
+
+
+def _committed(new_state, L=4):
+    tok, nt, _ = new_state
+    return tok[0, L : int(nt[0])].tolist()
+
+
+@pytest.mark.parametrize("impl", ALL)
+@pytest.mark.parametrize(
+    ("emitted", "expected", "reason"),
+    [
+        ([10, 11, 2, 20, 21, 22], [10, 11, 2], 1),  # stop inside the over-long chunk
+        ([10, 11, 12, 13, 14, 15], [10, 11, 12, 13, 14], 2),  # control: length
+        ([10, 11, 12, 13, 2, 15], [10, 11, 12, 13, 2], 1),  # stop wins on the budget token
+    ],
+)
+def test_case4_stop_inside_over_long_chunk(impl, emitted, expected, reason, kernel_device):
+    state, out, n, prompt = _single_row(emitted)
+    res, new = commit(
+        impl,
+        state,
+        out,
+        n,
+        device=kernel_device,
+        stop_token_ids=_i32([[2]]),
+        num_prompt_tokens=prompt,
+        max_tokens=_i32([5]),
+        max_model_len=64,
+    )
+    assert _committed(new) == expected
+    assert res[0].tolist() == [len(expected)]
+    assert res[1].tolist() == [True] and res[2].tolist() == [reason]
+    assert new[1].tolist() == [4 + len(expected)] and new[2].tolist() == [3 + len(expected)]
+    assert (new[0][0, 4 + len(expected) :] == -9).all()
+
+
+@pytest.mark.parametrize("impl", ALL)
+@pytest.mark.parametrize(
+    ("emitted", "expected"), [([8, 2, 9, 4, 6], [8, 2]), ([8, 9, 4, 6, 2], [8, 9, 4, 6, 2])]
+)
+def test_case5_eos_accepted_mid_block(impl, emitted, expected, kernel_device):
+    state, out, n, _ = _single_row(emitted)
+    res, new = commit(
+        impl,
+        state,
+        out,
+        n,
+        device=kernel_device,
+        stop_token_ids=_i32([[2, -1, -1]]),
+        max_model_len=64,
+    )
+    assert _committed(new) == expected
+    assert res[0].tolist() == [len(expected)]
+    assert res[1].tolist() == [True] and res[2].tolist() == [1]
+
+
+# ---------------------------------------------------------------- commit: more rules
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_commit_stop_before_min_tokens_does_not_count(impl, kernel_device):
+    # Output indices 0..4; min_tokens 2: the 2 at index 1 is committed but does not stop,
+    # the 2 at index 3 does.
+    state, out, n, prompt = _single_row([7, 2, 8, 2, 9])
+    res, new = commit(
+        impl,
+        state,
+        out,
+        n,
+        device=kernel_device,
+        stop_token_ids=_i32([[2]]),
+        num_prompt_tokens=prompt,
+        min_tokens=_i32([2]),
+        max_model_len=64,
+    )
+    assert _committed(new) == [7, 2, 8, 2] and res[2].tolist() == [1]
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_commit_min_tokens_counts_earlier_output(impl, kernel_device):
+    # Prompt 2 tokens, 2 outputs already (L = 4): the 2 at output index 2 counts for min 2.
+    state, out, n, _ = _single_row([2, 5])
+    res, new = commit(
+        impl,
+        state,
+        out,
+        n,
+        device=kernel_device,
+        stop_token_ids=_i32([[2]]),
+        num_prompt_tokens=_i32([2]),
+        min_tokens=_i32([2]),
+        max_model_len=64,
+    )
+    assert _committed(new) == [2] and res[2].tolist() == [1]
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_commit_row_at_budget_commits_nothing_and_finishes(impl, kernel_device):
+    state, out, n, prompt = _single_row([5, 6], L=6)
+    res, new = commit(
+        impl,
+        state,
+        out,
+        n,
+        device=kernel_device,
+        num_prompt_tokens=_i32([3]),
+        max_tokens=_i32([3]),
+        max_model_len=64,
+    )
+    assert res[0].tolist() == [0] and res[1].tolist() == [True] and res[2].tolist() == [2]
+    assert new[1].tolist() == [6] and (new[0] == -9).all()
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_commit_never_writes_past_max_model_len(impl, kernel_device):
+    # token_ids is exactly max_model_len wide; 2 slots left, 4 tokens emitted.
+    state, out, n, _ = _single_row([5, 6, 7, 8], L=6, width=8)
+    res, new = commit(impl, state, out, n, device=kernel_device, max_model_len=8)
+    assert new[0][0, 6:].tolist() == [5, 6] and new[1].tolist() == [8]
+    assert res[0].tolist() == [2] and res[2].tolist() == [2]
+
+
+@pytest.mark.parametrize("impl", ALL)
+@pytest.mark.parametrize(
+    ("emitted", "num_emitted", "expected", "reason"),
+    [
+        ([5, -1, 7], 3, [5], 0),  # the first -1 ends the tokens
+        ([-1, 6, 7], 3, [], 0),
+        ([5, 6, 7], 0, [], 0),  # nothing emitted: running, nothing committed
+        ([5, 6, 7], 2, [5, 6], 0),  # entries past num_emitted are ignored
+    ],
+)
+def test_commit_placeholders_and_num_emitted(
+    impl, emitted, num_emitted, expected, reason, kernel_device
+):
+    state, out, n, _ = _single_row(emitted, num_emitted=num_emitted)
+    res, new = commit(
+        impl, state, out, n, device=kernel_device, stop_token_ids=_i32([[-1]]), max_model_len=64
+    )
+    assert _committed(new) == expected and res[2].tolist() == [reason]
+    assert res[1].tolist() == [False]
+
+
+def _commit_batch():
+    # 5 state rows; batch [row 3, padding, row 0, row 4]; rows 1 and 2 are not in the batch.
+    tok = torch.full((5, 12), -9, dtype=I32)
+    nt = _i32([3, 5, 7, 4, 10])
+    nc = nt - 1
+    out = _i32([[1, 2, 3, -1], [4, 4, 4, 4], [2, 6, -1, -1], [7, 8, 9, 10]])
+    emitted = _i32([3, 4, 2, 4])
+    req = _i32([3, -1, 0, 4])
+    kw = dict(
+        stop_token_ids=_i32([[2, 99], [4, -1], [-1, -1], [-1, -1]]),
+        num_prompt_tokens=_i32([1, 5, 7, 2, 3]),
+        max_tokens=_i32([9, 9, 9, 9]),
+        max_model_len=12,
+    )
+    return (tok, nt, nc), out, emitted, req, kw
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_commit_padding_rows_and_rows_outside_batch_are_untouched(impl, kernel_device):
+    state, out, emitted, req, kw = _commit_batch()
+    res, (tok, nt, nc) = commit(impl, state, out, emitted, req, device=kernel_device, **kw)
+    assert res[0].tolist() == [2, 0, 2, 2]
+    assert res[2].tolist() == [1, 0, 0, 2]
+    assert res[1].tolist() == [True, False, False, True]
+    assert tok[3, 4:6].tolist() == [1, 2] and tok[0, 3:5].tolist() == [2, 6]
+    assert tok[4, 10:].tolist() == [7, 8]
+    assert nt.tolist() == [5, 5, 7, 6, 12] and nc.tolist() == [4, 4, 6, 5, 11]
+    untouched = torch.ones_like(tok, dtype=torch.bool)
+    untouched[3, 4:6] = untouched[0, 3:5] = untouched[4, 10:] = False
+    assert (tok[untouched] == -9).all()
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_commit_through_strided_views(impl, kernel_device):
+    # token_ids, num_tokens and num_computed_tokens are views into bigger buffers; the
+    # writes must land in those buffers.
+    state, out, emitted, req, kw = _commit_batch()
+    tok_buf = torch.full((5, 24), -9, dtype=I32)
+    cnt_buf = torch.zeros((5, 2), dtype=I32)
+    cnt_buf[:, 0] = state[1]
+    cnt_buf[:, 1] = state[2]
+    strided = (tok_buf[:, ::2], cnt_buf[:, 0], cnt_buf[:, 1])
+    assert not any(t.is_contiguous() for t in strided)
+    want_res, want_state = commit("reference", state, out, emitted, req, **kw)
+    if impl == "public":
+        res = commit_accepted_tokens(
+            strided[0], strided[1], out, emitted, req, num_computed_tokens=strided[2], **kw
+        )
+        got_state = strided
+    else:
+        dev = kernel_device if impl == "triton" else "cpu"
+        bufs = tok_buf.to(dev), cnt_buf.to(dev)
+        views = (bufs[0][:, ::2], bufs[1][:, 0], bufs[1][:, 1])
+        res = MODULES[impl].commit_accepted_tokens(
+            views[0],
+            views[1],
+            _to(out, dev),
+            _to(emitted, dev),
+            _to(req, dev),
+            _to(kw["stop_token_ids"], dev),
+            _to(kw["num_prompt_tokens"], dev),
+            None,
+            _to(kw["max_tokens"], dev),
+            kw["max_model_len"],
+            views[2],
+        )
+        got_state = tuple(v.cpu() for v in views)
+        tok_buf = bufs[0].cpu()
+    _assert_same(_cpu(res), want_res, impl)
+    _assert_same(got_state, want_state, impl)
+    assert (tok_buf[:, 1::2] == -9).all()
+
+
+@st.composite
+def _commit_batches(draw):
+    R = draw(st.integers(1, 6))
+    L_max = draw(st.integers(1, 14))
+    k = draw(st.integers(0, 4))
+    vocab = draw(st.integers(1, 6))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    nt = torch.randint(0, L_max + 1, (R,), generator=g, dtype=I32)
+    prompt = (torch.rand(R, generator=g) * (nt.double() + 1)).floor().to(I32).clamp(max=nt)
+    state_rows = draw(st.permutations(range(R)))
+    B_real = draw(st.integers(0, R))
+    req = list(state_rows[:B_real])
+    for _ in range(draw(st.integers(0, 2))):
+        req.insert(draw(st.integers(0, len(req))), -1)
+    B = len(req)
+    use_req = draw(st.booleans()) or B != R or any(r < 0 for r in req)
+    if not use_req:
+        req = list(range(R))
+    out = torch.randint(-1, vocab, (B, k + 1), generator=g, dtype=I32)
+    emitted = torch.randint(0, k + 2, (B,), generator=g, dtype=I32)
+    S = draw(st.integers(0, 3))
+    kw = dict(max_model_len=draw(st.integers(1, L_max)))
+    if draw(st.booleans()):
+        kw["stop_token_ids"] = torch.randint(-1, vocab, (B, S), generator=g, dtype=I32)
+    if draw(st.booleans()):
+        kw["num_prompt_tokens"] = prompt
+        if draw(st.booleans()):
+            kw["min_tokens"] = torch.randint(0, 4, (B,), generator=g, dtype=I32)
+        if draw(st.booleans()):
+            kw["max_tokens"] = torch.randint(0, 8, (B,), generator=g, dtype=I32)
+    nc = (nt - 1).clamp(min=0) if draw(st.booleans()) else None
+    tok = torch.randint(100, 200, (R, L_max), generator=g, dtype=I32)
+    return (tok, nt, nc), out, emitted, _i32(req).reshape(B) if use_req else None, kw
+
+
+@settings(max_examples=100)
+@given(_commit_batches())
+def test_commit_cpu_and_triton_match_reference(case):
+    state, out, emitted, req, kw = case
+    want_res, want_state = commit("reference", state, out, emitted, req, **kw)
+    for impl in ("cpu", "triton", "public"):
+        res, new_state = commit(impl, state, out, emitted, req, **kw)
+        _assert_same(res, want_res, impl)
+        _assert_same(new_state, want_state, impl)
+    # Rules that hold whatever the inputs.
+    committed, finished, reason = want_res
+    assert torch.equal(finished, reason != 0)
+    padding = torch.zeros_like(finished) if req is None else req < 0
+    assert ((committed >= 1) | (emitted == 0) | (reason == 2) | (out[:, 0] < 0) | padding).all()
+    assert not (finished & padding).any()
+
+
+@pytest.mark.parametrize("poison", [-77, 12345])
+def test_commit_kernel_writes_every_output_slot(poison, monkeypatch, kernel_device):
+    state, out, emitted, req, kw = _commit_batch()
+    want = commit("reference", state, out, emitted, req, **kw)
+    _poisoned(monkeypatch, poison)
+    got = commit("triton", state, out, emitted, req, device=kernel_device, **kw)
+    _assert_same(got[0], want[0], "result")
+    _assert_same(got[1], want[1], "state")
+
+
+# ---------------------------------------------------------------- registration
+
+
+def test_opcheck_compute_slot_mapping():
+    bt = _i32([[3, 4], [6, 7]])
+    pos = torch.tensor([6, 3, 0, 9])
+    qsl = _i32([0, 1, 2, 2])
+    for args in [(bt, pos, qsl, _i32([0, 1, -1]), 4, 8), (bt, pos, qsl[:3], None, 4, None)]:
+        torch.library.opcheck(torch.ops.specdec.compute_slot_mapping.default, args)
+
+
+def test_opcheck_prepare_verify_inputs():
+    tok, nt, drafts, nd, bt, req = _verify_example()
+    for args in [
+        (tok, nt, drafts, nd, bt, req, 4, 16),
+        (tok, nt, drafts[:, :0], nd * 0, bt, None, 2, 16),
+    ]:
+        torch.library.opcheck(torch.ops.specdec.prepare_verify_inputs.default, args)
+
+
+def test_opcheck_commit_accepted_tokens():
+    (tok, nt, nc), out, emitted, req, kw = _commit_batch()
+    full = (
+        tok,
+        nt,
+        out,
+        emitted,
+        req,
+        kw["stop_token_ids"],
+        kw["num_prompt_tokens"],
+        None,
+        kw["max_tokens"],
+        kw["max_model_len"],
+        nc,
+    )
+    bare = (tok, nt, out[:, :2], emitted.clamp(max=2), req, None, None, None, None, 12, None)
+    for args in (full, bare):
+        torch.library.opcheck(torch.ops.specdec.commit_accepted_tokens.default, args)
+
+
+def test_torch_compile_fullgraph_slot_mapping_and_verify_inputs():
+    tok, nt, drafts, nd, bt, req = _verify_example()
+
+    def step(tok, nt, drafts, nd, bt, req):
+        v = prepare_verify_inputs(tok, nt, drafts, nd, bt, req, block_size=4, max_model_len=16)
+        again = compute_slot_mapping(
+            bt, v.positions, v.query_start_loc, req, block_size=4, max_model_len=16
+        )
+        return (*v, again)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    got, want = compiled(tok, nt, drafts, nd, bt, req), step(tok, nt, drafts, nd, bt, req)
+    _assert_same(got, want, "compiled")
+    assert torch.equal(want[-1], want[4])
+
+
+def test_torch_compile_fullgraph_commit_mutates_inputs():
+    state, out, emitted, req, kw = _commit_batch()
+    want_res, want_state = commit("reference", state, out, emitted, req, **kw)
+
+    def step(tok, nt, nc, out, emitted, req, stop, prompt, max_tokens):
+        res = commit_accepted_tokens(
+            tok,
+            nt,
+            out,
+            emitted,
+            req,
+            stop_token_ids=stop,
+            num_prompt_tokens=prompt,
+            max_tokens=max_tokens,
+            max_model_len=12,
+            num_computed_tokens=nc,
+        )
+        return res.num_committed, res.finished, res.finish_reason
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    tok, nt, nc = (s.clone() for s in state)
+    res = compiled(
+        tok,
+        nt,
+        nc,
+        out,
+        emitted,
+        req,
+        kw["stop_token_ids"],
+        kw["num_prompt_tokens"],
+        kw["max_tokens"],
+    )
+    _assert_same(res, want_res, "compiled result")
+    _assert_same((tok, nt, nc), want_state, "compiled state")
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _slot_call(**overrides):
+    kw = dict(
+        block_table=_i32([[3, 4], [6, 7]]),
+        positions=torch.tensor([6, 3, 0]),
+        query_start_loc=_i32([0, 1, 2]),
+        req_indices=_i32([1, 0]),
+        block_size=4,
+    )
+    kw.update(overrides)
+    return compute_slot_mapping(**kw)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(block_table=_i32([3, 4])), "block_table must be 2-D"),
+        (dict(block_table=torch.zeros((2, 2), dtype=I64)), "block_table must have dtype int32"),
+        (dict(positions=torch.zeros(3)), "positions must have dtype int64 or int32"),
+        (dict(query_start_loc=torch.tensor([0, 1, 2])), "query_start_loc must have dtype int32"),
+        (dict(query_start_loc=_i32([])), r"query_start_loc must have shape \(B\+1,\)"),
+        (dict(req_indices=_i32([0])), r"req_indices must have shape \(2,\)"),
+        (dict(req_indices=None, query_start_loc=_i32([0, 1, 2, 3])), "must be <= the number"),
+        (dict(block_size=0), "block_size must be >= 1"),
+        (dict(block_size=4.0), "block_size must be a Python int"),
+        (dict(max_model_len=0), "max_model_len must be >= 1"),
+        (dict(query_start_loc=_i32([0, 2, 1])), "query_start_loc must be non-decreasing"),
+        (dict(query_start_loc=_i32([0, 1, 4])), r"query_start_loc must lie in \[0, 3\]"),
+        (dict(req_indices=_i32([2, 0])), r"req_indices must lie in \[-1, 2\)"),
+    ],
+)
+def test_compute_slot_mapping_bad_input_raises_value_error(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        _slot_call(**overrides)
+
+
+def _verify_call(**overrides):
+    tok, nt, drafts, nd, bt, req = _verify_example()
+    kw = dict(
+        token_ids=tok,
+        num_tokens=nt,
+        draft_token_ids=drafts,
+        num_draft_tokens=nd,
+        block_table=bt,
+        req_indices=req,
+        block_size=4,
+        max_model_len=16,
+    )
+    kw.update(overrides)
+    return prepare_verify_inputs(**kw)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(token_ids=torch.zeros((3, 20), dtype=I64)), "token_ids must have dtype int32"),
+        (dict(num_tokens=_i32([1, 2])), r"num_tokens must have shape \(3,\)"),
+        (dict(draft_token_ids=_i32([1, 2, 3])), "draft_token_ids must be 2-D"),
+        (dict(num_draft_tokens=_i32([1, 2])), r"num_draft_tokens must have shape \(3,\)"),
+        (dict(block_table=_i32([[0, 1]])), "block_table must have 3 rows"),
+        (dict(req_indices=_i32([0, 1])), r"req_indices must have shape \(3,\)"),
+        (dict(block_size=0), "block_size must be >= 1"),
+        (dict(max_model_len=None), "max_model_len must be a Python int"),
+        (dict(req_indices=_i32([0, 3, 1])), r"req_indices must lie in \[-1, 3\)"),
+        (dict(num_draft_tokens=_i32([4, 0, 0])), r"num_draft_tokens must lie in \[0, 3\]"),
+        (dict(num_draft_tokens=_i32([-1, 0, 0])), r"num_draft_tokens must lie in \[0, 3\]"),
+        (dict(num_tokens=_i32([0, 9, 3])), r"num_tokens must lie in \[1, 20\]"),
+        (dict(num_tokens=_i32([5, 9, 21])), r"num_tokens must lie in \[1, 20\]"),
+    ],
+)
+def test_prepare_verify_inputs_bad_input_raises_value_error(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        _verify_call(**overrides)
+
+
+def test_prepare_verify_inputs_ignores_padding_rows_in_value_checks():
+    # The padding row's draft count (5 > k) and a never-scheduled row's length are not read.
+    out = _verify_call(num_draft_tokens=_i32([3, 5, 2]), num_tokens=_i32([5, 0, 3]))
+    assert out.cu_num_draft_tokens.tolist() == [0, 3, 3, 5]
+
+
+def _commit_call(**overrides):
+    (tok, nt, nc), out, emitted, req, kw = _commit_batch()
+    args = dict(
+        token_ids=tok,
+        num_tokens=nt,
+        output_token_ids=out,
+        num_emitted=emitted,
+        req_indices=req,
+        num_computed_tokens=nc,
+        **kw,
+    )
+    args.update(overrides)
+    return commit_accepted_tokens(**args)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(token_ids=torch.zeros((5, 12), dtype=I64)), "token_ids must have dtype int32"),
+        (dict(num_tokens=_i32([1, 2])), r"num_tokens must have shape \(5,\)"),
+        (dict(output_token_ids=_i32([1, 2, 3, 4])), "output_token_ids must be 2-D"),
+        (dict(output_token_ids=torch.zeros((4, 0), dtype=I32)), "k\\+1 >= 1"),
+        (dict(num_emitted=_i32([1, 2])), r"num_emitted must have shape \(4,\)"),
+        (dict(req_indices=_i32([0, 1])), r"req_indices must have shape \(4,\)"),
+        (dict(stop_token_ids=_i32([[2]])), r"stop_token_ids must have shape \(4, S\)"),
+        (dict(num_prompt_tokens=_i32([1])), r"num_prompt_tokens must have shape \(5,\)"),
+        (
+            dict(num_computed_tokens=torch.zeros(5, dtype=I64)),
+            "num_computed_tokens must have dtype",
+        ),
+        (dict(max_tokens=_i32([1, 1])), r"max_tokens must have shape \(4,\)"),
+        (dict(num_prompt_tokens=None), "max_tokens counts output tokens, so it needs"),
+        (
+            dict(num_prompt_tokens=None, max_tokens=None, min_tokens=_i32([0, 0, 0, 0])),
+            "min_tokens counts output tokens, so it needs",
+        ),
+        (dict(max_model_len=13), r"max_model_len must be <= token_ids.shape\[1\] \(12\)"),
+        (dict(max_model_len=0), "max_model_len must be >= 1"),
+        (dict(req_indices=_i32([3, -1, 3, 4])), "req_indices must be unique"),
+        (dict(req_indices=_i32([3, -1, 5, 4])), r"req_indices must lie in \[-1, 5\)"),
+        (dict(num_emitted=_i32([3, 4, 5, 4])), r"num_emitted must lie in \[0, 4\]"),
+        (dict(num_emitted=_i32([3, 4, -1, 4])), r"num_emitted must lie in \[0, 4\]"),
+        (dict(num_tokens=_i32([3, 5, 7, 13, 10])), r"num_tokens must lie in \[0, 12\]"),
+        (dict(num_prompt_tokens=_i32([4, 0, 0, 0, 0])), "num_prompt_tokens must lie in"),
+        (dict(max_tokens=_i32([1, 1, -1, 1])), "max_tokens must be >= 0"),
+        (dict(min_tokens=_i32([1, 1, -2, 1])), "min_tokens must be >= 0"),
+    ],
+)
+def test_commit_accepted_tokens_bad_input_raises_value_error(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        _commit_call(**overrides)
+
+
+def test_commit_errors_leave_state_untouched():
+    (tok, nt, nc), out, emitted, req, kw = _commit_batch()
+    before = (tok.clone(), nt.clone(), nc.clone())
+    with pytest.raises(ValueError, match="req_indices must be unique"):
+        commit_accepted_tokens(
+            tok, nt, out, emitted, _i32([3, -1, 3, 4]), num_computed_tokens=nc, **kw
+        )
+    _assert_same((tok, nt, nc), before, "state")
+
+
+def test_value_checks_can_be_turned_off_and_counts_are_clamped():
+    # validate=False skips the value checks (what a GPU caller gets by default); a draft
+    # count past k is then clamped to k, so the packed layout stays inside its buffers.
+    out = _verify_call(num_draft_tokens=_i32([7, 0, 2]), validate=False)
+    assert out.cu_num_draft_tokens.tolist() == [0, 3, 3, 5]
+    tok, nt, drafts, _, bt, req = _verify_example()
+    got = verify_inputs(
+        "triton", tok, nt, drafts, _i32([7, 0, 2]), bt, req, block_size=4, max_model_len=16
+    )
+    _assert_same(got, tuple(out), "triton")
