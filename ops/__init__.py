@@ -12,5 +12,6 @@ from specdec_kernels.ops.bookkeeping import (  # noqa: F401
     prepare_verify_inputs,
 )
 from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
+from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample  # noqa: F401
 
 __all__ = ["NgramProposal", "ngram_propose"]

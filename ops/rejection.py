@@ -1,0 +1,367 @@
+"""``rejection_sample``: greedy and probabilistic verification of draft tokens on the device."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from specdec_kernels.ops._library import define
+from specdec_kernels.ops._validation import (
+    check_int,
+    check_shape,
+    check_tensor,
+    should_check_values,
+)
+
+from specdec_kernels import cpu, kernels, reference  # noqa: F401  (subpackages)
+from specdec_kernels.cpu import rejection as _cpu
+from specdec_kernels.kernels import rejection as _triton
+
+LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SEED_HIGH = 2**62
+"""Seeds drawn by the wrapper when the caller passes none lie in ``[0, SEED_HIGH)``."""
+
+
+class RejectionOutput(NamedTuple):
+    """Result of :func:`rejection_sample`."""
+
+    output_token_ids: torch.Tensor
+    """int32 ``[B, k+1]``: accepted drafts, then the recovered or bonus token, then -1."""
+    num_emitted: torch.Tensor
+    """int32 ``[B]``: tokens emitted by request ``b`` (accepted drafts + 1), in ``[1, k_b+1]``."""
+    logprobs: torch.Tensor | None
+    """float32 ``[B, k+1]``: log-softmax of the raw target logits at each emitted token, 0
+    past ``num_emitted[b]``; ``None`` unless ``return_logprobs=True``."""
+
+
+def sampling_offsets(num_tokens: torch.Tensor, req_indices: torch.Tensor | None = None):
+    """The ``offsets`` an engine passes: the position of each request's first query token.
+
+    At a step boundary a request in decode with ``L = num_tokens[r]`` tokens has its last
+    token at position ``L - 1``, which is the first query token of the verify step, so
+    ``offsets[b] = num_tokens[req_indices[b]] - 1`` (int64 ``[B]``; padding rows,
+    ``req_indices[b] = -1``, get 0). The step then uses the Philox counters
+    ``offsets[b] .. offsets[b] + num_emitted[b] - 1`` and the next step starts right after
+    them, so no counter of a request is ever used twice and its randomness does not depend
+    on its batch row or on the other requests.
+    """
+    if req_indices is None:
+        return num_tokens.to(torch.int64) - 1
+    rows = req_indices.to(torch.int64)
+    pos = num_tokens.to(torch.int64)[rows.clamp(min=0)] - 1
+    return torch.where(rows >= 0, pos, torch.zeros_like(pos))
+
+
+def _impl(cpu_or_cuda):
+    def impl(
+        target_logits,
+        draft_token_ids,
+        cu_num_draft_tokens,
+        draft_probs,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seeds,
+        offsets,
+        num_speculative_tokens,
+        return_logprobs,
+    ):
+        if temperature is not None and (seeds is None or offsets is None):
+            raise ValueError(
+                "specdec::rejection_sample needs seeds and offsets when temperature is given "
+                "(the Python wrapper rejection_sample fills them)"
+            )
+        return cpu_or_cuda(
+            target_logits,
+            draft_token_ids,
+            cu_num_draft_tokens,
+            draft_probs,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seeds,
+            offsets,
+            num_speculative_tokens=num_speculative_tokens,
+            return_logprobs=return_logprobs,
+        )
+
+    return impl
+
+
+def _fake(
+    target_logits,
+    draft_token_ids,
+    cu_num_draft_tokens,
+    draft_probs,
+    temperature,
+    top_k,
+    top_p,
+    min_p,
+    seeds,
+    offsets,
+    num_speculative_tokens,
+    return_logprobs,
+):
+    B = cu_num_draft_tokens.shape[0] - 1
+    K1 = num_speculative_tokens + 1
+    return (
+        target_logits.new_empty((B, K1), dtype=torch.int32),
+        target_logits.new_empty((B,), dtype=torch.int32),
+        target_logits.new_empty((B, K1) if return_logprobs else (0,), dtype=torch.float32),
+    )
+
+
+define(
+    "rejection_sample(Tensor target_logits, Tensor draft_token_ids, Tensor cu_num_draft_tokens, "
+    "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
+    "Tensor? seeds, Tensor? offsets, int num_speculative_tokens, bool return_logprobs) "
+    "-> (Tensor, Tensor, Tensor)",
+    cpu=_impl(_cpu.rejection_sample),
+    cuda=_impl(_triton.rejection_sample),
+    fake=_fake,
+)
+
+
+def _param(name, t, dtypes, B, device):
+    if t is None:
+        return None
+    t = check_tensor(name, t, dtype=dtypes, ndim=1, device=device)
+    check_shape(name, t, (B,), "one value per request")
+    return t.contiguous()
+
+
+def _range_error(name: str, bad: torch.Tensor, t: torch.Tensor, want: str) -> None:
+    if bool(bad.any()):
+        value = t[bad.nonzero()[0, 0]].item()
+        raise ValueError(f"{name} must be {want}, got {value} (request {int(bad.nonzero()[0, 0])})")
+
+
+def rejection_sample(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    *,
+    num_speculative_tokens: int,
+    draft_probs: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    return_logprobs: bool = False,
+    validate: bool | None = None,
+) -> RejectionOutput:
+    """Verify draft tokens against the target model: keep the longest accepted prefix, then
+    emit one recovered or bonus token per request.
+
+    Speculative sampling (Leviathan, Kalman and Matias, 2023, "Fast inference from
+    transformers via speculative decoding"; Chen et al., 2023, "Accelerating large language
+    model decoding with speculative sampling"): every emitted token is distributed exactly
+    as the target distribution ``p`` of its row, whatever the draft. The layout follows
+    vLLM V1's rejection sampler, with an *exclusive* ``cu_num_draft_tokens`` of length
+    ``B + 1`` (vLLM's array of that name is the *inclusive* prefix sum, length ``B``).
+
+    Request ``b`` has ``k_b = cu[b+1] - cu[b] <= k`` drafts ``d_j =
+    draft_token_ids[cu[b] + j]`` and ``k_b + 1`` target rows ``cu[b] + b + j``
+    (``j = 0 .. k_b``): row ``j`` is the model's output at query token ``j`` and verifies
+    ``d_j``; row ``cu[b+1] + b`` is the bonus row.
+
+    - Greedy requests (``temperature is None`` or ``temperature[b] == 0``): emit each
+      row's argmax (ties: lowest id; NaN counts as ``-inf``) while it equals the draft; at
+      the first mismatch emit the argmax and stop; if all match, emit the bonus row's
+      argmax. Other requests' parameters never matter.
+    - Sampled requests: ``p`` = softmax(logits / T), then top-k (keep ``x`` iff fewer than
+      ``k`` tokens have a larger ``p``; 0 or ``>= V``: off), renormalise, top-p (keep ``x``
+      iff the mass of tokens with a larger ``p`` is ``< top_p``; 1.0: off), renormalise,
+      min-p (keep ``x`` iff ``p(x) >= min_p * max p``; 0: off). Ties are kept together.
+      Accept ``d_j`` iff it is in ``[0, V)``, ``q(d_j) > 0`` and ``u < p(d_j) / q(d_j)``
+      (``q`` one-hot when ``draft_probs`` is None, as for n-gram drafts). At the first
+      rejection emit a sample from ``normalize(max(p - q, 0))`` (one-hot: ``p`` without
+      ``d_j``; a draft id outside ``[0, V)``: ``p``; if that has no mass: ``p``) and stop;
+      if all are accepted, emit a sample from the bonus row's ``p``. A token with
+      ``p = 0`` is never emitted.
+    - Sampling is by inverse CDF with one uniform per token: the first id whose running
+      mass exceeds ``u * total``.
+    - In fp32 the rules act on the weights ``e = exp(z - max z)`` (``z = logits / T``,
+      NaN read as ``-inf``, ``e = 1`` at the maximum): the filters keep ``{e >= t}`` for
+      one threshold ``t`` (min-p: ``e >= min_p``), ``p = w / sum(w)`` with ``w`` the kept
+      weights. Rows whose logits are all ``-inf``/NaN are uniform over their non-NaN
+      tokens; ``+inf`` logits share all the mass.
+    - Randomness: Philox4x32-10 (Salmon et al., 2011) keyed by ``seeds[b]``; the
+      acceptance uniform of row ``j`` uses counter ``(offsets[b] + j, stream 0)``, its
+      sampling uniform ``(offsets[b] + j, stream 1)``; the 64-bit counter value fills
+      counter words 0 (low 32 bits) and 1 (high 32 bits), the stream word 2, and word 3 is
+      0; the seed's low and high 32 bits are the two key words; output word 0 becomes
+      ``u = (word0 >> 8) * 2**-24`` in ``[0, 1)``. Pass the position of the first query
+      token as ``offsets[b]`` (:func:`sampling_offsets`), so a request's randomness never
+      depends on its batch row or on the rest of the batch.
+
+    The CPU path (vectorised torch) and the CUDA path (Triton) draw identical uniforms;
+    their tokens differ only when a uniform falls within float rounding of a CDF boundary.
+    Runs on the device with no host synchronisation; output shapes depend only on input
+    shapes and ``num_speculative_tokens``, so the call can be captured in a CUDA graph and
+    traced by ``torch.compile(fullgraph=True)``. No input is modified. Calls
+    ``torch.ops.specdec.rejection_sample``.
+
+    Parameters
+    ----------
+    target_logits : torch.Tensor
+        float32, bfloat16 or float16 ``[>= N + B, V]``, the target model's logits, one row
+        per query token (``N = cu[B]``); rows past ``cu[B] + B`` are ignored. Any strides.
+        Math is in fp32.
+    draft_token_ids : torch.Tensor
+        int32 ``[>= N]``, the flat drafts; entries past ``cu[B]`` are ignored (static
+        buffers). Ids outside ``[0, V)`` (e.g. -1) are always rejected and never read.
+    cu_num_draft_tokens : torch.Tensor
+        int32 ``[B + 1]``, exclusive prefix sum of the draft counts: ``cu[0] = 0``,
+        non-decreasing, ``cu[b+1] - cu[b] <= k``.
+    num_speculative_tokens : int
+        ``k >= 0``, the static maximum number of drafts per request; ``k = 0`` makes the op
+        a plain per-request sampler over the bonus rows.
+    draft_probs : torch.Tensor, optional
+        float32, bfloat16 or float16 ``[>= len(draft_token_ids), V]``, the draft model's
+        probabilities ``q`` at each flat draft index (rows aligned with
+        ``draft_token_ids``). ``None``: deterministic (one-hot) drafts, e.g. n-gram.
+    temperature : torch.Tensor, optional
+        float32 ``[B]``, ``>= 0`` and finite; 0 makes the request greedy. ``None``: every
+        request is greedy (the other sampling parameters are then ignored).
+    top_k : torch.Tensor, optional
+        int32 or int64 ``[B]``, ``>= 0``; 0 or ``>= V`` is off.
+    top_p : torch.Tensor, optional
+        float32 ``[B]`` in ``(0, 1]``; 1 is off.
+    min_p : torch.Tensor, optional
+        float32 ``[B]`` in ``[0, 1]``; 0 is off.
+    seeds : torch.Tensor, optional
+        int64 ``[B]``, the Philox key of each request (any value). ``None``: drawn on the
+        device with ``torch.randint`` from the default generator (no host sync).
+    offsets : torch.Tensor, optional
+        int64 ``[B]``, the Philox counter base of each request: the position of its first
+        query token (see :func:`sampling_offsets`). Default zeros.
+    return_logprobs : bool
+        Also return the log-probabilities of the emitted tokens.
+    validate : bool, optional
+        Run the value checks (see Raises). Default: only for CPU tensors. Never while
+        compiling or capturing a CUDA graph.
+
+    Returns
+    -------
+    RejectionOutput
+        ``output_token_ids`` int32 ``[B, k+1]`` (accepted drafts, then the recovered or
+        bonus token, then -1), ``num_emitted`` int32 ``[B]`` (accepted + 1), ``logprobs``
+        float32 ``[B, k+1]`` (log-softmax of the raw target logits at each emitted token,
+        0 in the padding) or ``None``; on the device of ``target_logits``.
+
+    Raises
+    ------
+    ValueError
+        Wrong dtype, device or ndim of any tensor; ``cu_num_draft_tokens`` not ``[B+1]``
+        with ``B >= 0``; ``target_logits.shape[0] < len(draft_token_ids) + B``; ``V < 1``;
+        ``draft_probs`` not ``[>= len(draft_token_ids), V]``; a parameter not ``[B]``;
+        ``num_speculative_tokens < 0``. With value checks: ``cu[0] != 0``, ``cu`` not
+        non-decreasing, ``k_b > k``, ``cu[B] > len(draft_token_ids)``, ``temperature``
+        negative or not finite, ``top_k < 0``, ``top_p`` outside ``(0, 1]``, ``min_p``
+        outside ``[0, 1]``.
+    """
+    target_logits = check_tensor("target_logits", target_logits, dtype=LOGIT_DTYPES, ndim=2)
+    device = target_logits.device
+    draft_token_ids = check_tensor(
+        "draft_token_ids", draft_token_ids, dtype=torch.int32, ndim=1, device=device
+    )
+    cu = check_tensor(
+        "cu_num_draft_tokens", cu_num_draft_tokens, dtype=torch.int32, ndim=1, device=device
+    )
+    k = check_int("num_speculative_tokens", num_speculative_tokens, min_value=0)
+    if cu.shape[0] < 1:
+        raise ValueError(
+            "cu_num_draft_tokens must have shape (B + 1,) with B >= 0 (exclusive prefix sum "
+            "starting at 0), got shape (0,)"
+        )
+    B = cu.shape[0] - 1
+    n_flat = draft_token_ids.shape[0]
+    rows, V = target_logits.shape
+    if rows < n_flat + B:
+        raise ValueError(
+            f"target_logits must have at least len(draft_token_ids) + B = {n_flat} + {B} = "
+            f"{n_flat + B} rows (k_b + 1 per request), got {rows}"
+        )
+    if V < 1:
+        raise ValueError(f"target_logits must have a vocabulary of at least 1, got V = {V}")
+    if draft_probs is not None:
+        draft_probs = check_tensor(
+            "draft_probs", draft_probs, dtype=LOGIT_DTYPES, ndim=2, device=device
+        )
+        if draft_probs.shape[0] < n_flat or draft_probs.shape[1] != V:
+            raise ValueError(
+                f"draft_probs must have shape (>= {n_flat}, {V}) (one row per entry of "
+                f"draft_token_ids, the vocabulary of target_logits), got "
+                f"{tuple(draft_probs.shape)}"
+            )
+    temperature = _param("temperature", temperature, torch.float32, B, device)
+    top_k = _param("top_k", top_k, (torch.int32, torch.int64), B, device)
+    top_p = _param("top_p", top_p, torch.float32, B, device)
+    min_p = _param("min_p", min_p, torch.float32, B, device)
+    seeds = _param("seeds", seeds, torch.int64, B, device)
+    offsets = _param("offsets", offsets, torch.int64, B, device)
+
+    params = [temperature, top_k, top_p, min_p]
+    if should_check_values([target_logits, draft_token_ids, cu, *params], validate):
+        if int(cu[0]) != 0:
+            raise ValueError(
+                f"cu_num_draft_tokens[0] must be 0 (exclusive prefix sum), got {int(cu[0])}"
+            )
+        counts = cu[1:] - cu[:-1]
+        _range_error(
+            "cu_num_draft_tokens",
+            counts < 0,
+            counts,
+            "non-decreasing (draft counts cu[b+1] - cu[b] >= 0); a count",
+        )
+        _range_error(
+            "cu_num_draft_tokens",
+            counts > k,
+            counts,
+            f"<= num_speculative_tokens = {k} per request (cu[b+1] - cu[b]); a count",
+        )
+        if int(cu[-1]) > n_flat:
+            raise ValueError(
+                f"cu_num_draft_tokens[B] must be <= len(draft_token_ids) = {n_flat}, "
+                f"got {int(cu[-1])}"
+            )
+        if temperature is not None:
+            _range_error(
+                "temperature",
+                ~(torch.isfinite(temperature) & (temperature >= 0)),
+                temperature,
+                "finite and >= 0",
+            )
+        if top_k is not None:
+            _range_error("top_k", top_k < 0, top_k, ">= 0")
+        if top_p is not None:
+            _range_error("top_p", ~((top_p > 0) & (top_p <= 1)), top_p, "in (0, 1]")
+        if min_p is not None:
+            _range_error("min_p", ~((min_p >= 0) & (min_p <= 1)), min_p, "in [0, 1]")
+
+    if temperature is not None:
+        if seeds is None:
+            seeds = torch.randint(0, SEED_HIGH, (B,), dtype=torch.int64, device=device)
+        if offsets is None:
+            offsets = torch.zeros((B,), dtype=torch.int64, device=device)
+
+    out, num_emitted, logprobs = torch.ops.specdec.rejection_sample(
+        target_logits,
+        draft_token_ids.contiguous(),
+        cu.contiguous(),
+        draft_probs,
+        temperature,
+        None if top_k is None else top_k.clamp(max=2**31 - 1).to(torch.int32),
+        top_p,
+        min_p,
+        seeds,
+        offsets,
+        k,
+        bool(return_logprobs),
+    )
+    return RejectionOutput(out, num_emitted, logprobs if return_logprobs else None)
