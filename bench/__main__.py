@@ -1,0 +1,202 @@
+"""CPU benchmark suite: ``python -m bench`` (from the repository root).
+
+Checks every op against its baselines, times them, and writes
+``bench/results/<date>-<machine>.md`` (tables) and ``.png`` (latency plots). Options:
+``--quick`` (tiny shapes, for a smoke run), ``--only ngram,rejection,bookkeeping``,
+``--threads N`` (torch and numba threads; default: all cores), ``--budget S`` (seconds of
+timed calls per implementation and case), ``--out DIR``, ``--machine NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+FAMILIES = {
+    "ngram": "bench.cases_ngram",
+    "rejection": "bench.cases_rejection",
+    "bookkeeping": "bench.cases_bookkeeping",
+}
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny shapes (smoke run)")
+    p.add_argument("--only", default=",".join(FAMILIES), help="comma-separated op families")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch/numba threads")
+    p.add_argument("--budget", type=float, default=0.4, help="timed seconds per impl and case")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="output folder")
+    p.add_argument("--machine", default=None, help="machine name in the file name")
+    p.add_argument("--no-plot", action="store_true")
+    return p.parse_args(argv)
+
+
+def default_machine_name(threads: int) -> str:
+    from bench.harness import _cpu_model
+
+    model = _cpu_model().lower()
+    model = re.sub(r"\(r\)|\(tm\)|cpu|processor|@.*", " ", model)
+    model = re.sub(r"[^a-z0-9]+", "-", model).strip("-") or "cpu"
+    return f"{model}-{threads}t"
+
+
+def run(argv=None) -> Path:
+    args = _parse(argv)
+    families = [f.strip() for f in args.only.split(",") if f.strip()]
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise SystemExit(f"unknown families {sorted(unknown)}; choose from {list(FAMILIES)}")
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    try:
+        import numba
+
+        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:
+        pass
+
+    from bench import data, harness
+
+    t_start = time.perf_counter()
+    load_before = harness.load_average()
+    info = harness.machine_info()
+    copy_bw = harness.cpu_copy_bandwidth()
+    print(f"host copy bandwidth {copy_bw:.1f} GB/s; load average {load_before}", flush=True)
+
+    sections = []
+    all_results = []
+    for fam in families:
+        mod = importlib.import_module(FAMILIES[fam])
+        print(f"[{fam}]", flush=True)
+        notes = []
+        results = []
+        for case in mod.cases(quick=args.quick):
+            note = case.check()
+            notes.append((case.op, case.label, note))
+            print(f"  check {case.op} {case.label}: {note}", flush=True)
+            res = harness.run_cases([_Prechecked(case)], budget_s=args.budget)
+            results += res
+        all_results += results
+        sections.append((fam, mod, results, notes))
+
+    elapsed = time.perf_counter() - t_start
+    load_after = harness.load_average()
+    date = datetime.date.today().isoformat()
+    machine = args.machine or default_machine_name(args.threads)
+    if args.quick:
+        machine += "-quick"
+    args.out.mkdir(parents=True, exist_ok=True)
+    md_path = args.out / f"{date}-{machine}.md"
+    png_path = md_path.with_suffix(".png")
+    plotted = False
+    if not args.no_plot:
+        try:
+            from bench.plot import plot_results
+
+            plot_results(all_results, png_path, title=f"specdec-kernels CPU, {machine}, {date}")
+            plotted = True
+        except ImportError as exc:  # matplotlib is in the `bench` extra
+            print(f"no plot: {exc}", file=sys.stderr)
+
+    lines = [
+        f"# CPU microbenchmarks: {date}, {machine}",
+        "",
+        f"Command: `python -m bench {' '.join(argv if argv is not None else sys.argv[1:])}`"
+        f" (whole run {elapsed:.0f} s).",
+        "",
+        "| machine | |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in info.items()],
+        f"| threads used | {args.threads} (torch and numba) |",
+        f"| host copy bandwidth | {copy_bw:.1f} GB/s (`dst.copy_(src)`, 256 MiB, read + write) |",
+        f"| load average (1, 5, 15 min) | before {load_before}; after {load_after} |",
+        "",
+        "Method: every case is checked first (outputs compared with every baseline; the check",
+        "is in the notes), then each implementation is timed call by call (`perf_counter_ns`,",
+        f"2 warm-up calls, at least 5 timed calls and {args.budget} s of them). Median, IQR",
+        "(25th-75th percentile) and min-max of the per-call times; `speedup vs X` = X's",
+        "median / the op's median (> 1: the library op is faster). GB/s = the bytes the op",
+        "must move (each input read once, each output written once; see each section) /",
+        "median. `op` is the public `specdec_kernels.ops` function on CPU tensors (the",
+        "vectorised torch CPU path, with its default value checks).",
+        "",
+        f"Token histories: {data.stream_description()}.",
+        "",
+    ]
+    if plotted:
+        lines += [f"![latency plots]({png_path.name})", ""]
+    for fam, mod, results, notes in sections:
+        lines += _section(fam, mod, results, notes)
+    md_path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {md_path}" + (f" and {png_path}" if plotted else ""))
+    print(f"whole run {elapsed:.0f} s")
+    return md_path
+
+
+class _Prechecked:
+    """A case whose check already ran (so ``run_cases`` does not run it twice)."""
+
+    def __init__(self, case):
+        self._case = case
+
+    def __getattr__(self, name):
+        return getattr(self._case, name)
+
+    def check(self):
+        return ""
+
+
+SECTION_TEXT = {
+    "ngram": (
+        "## ngram_propose\n\n"
+        'min_n = 2, max_n = 5, `tie_break="first"`; every request has exactly L tokens, a '
+        "contiguous window of the token stream. Baselines: `numba` = single-pass KMP over the "
+        "reversed history, `prange` over requests (bench/baselines/ngram_numba.py); "
+        "`reference` = the plain Python oracle (checked and timed only where B*L <= 64k "
+        "tokens). GB/s counts each history token once (4 B)."
+    ),
+    "rejection": (
+        "## rejection_sample\n\n"
+        "k = 4 drafts per request, temperature 1 for the sampled modes (`onehot`: n-gram "
+        "drafts, no draft probs; `probs`: draft probs given, fp32), no top-k/top-p/min-p. "
+        "Baseline `torch` = plain torch (softmax, gather, compare, residual, multinomial; "
+        "bench/baselines/rejection_torch.py); greedy is checked exactly, sampled modes with "
+        "the library's Philox uniforms fed to the baseline (inverse CDF instead of "
+        "multinomial) and compared row by row. GB/s counts every logits row once (+ the "
+        "draft-prob rows)."
+    ),
+    "bookkeeping": (
+        "## Step bookkeeping\n\n"
+        "k = 4, block size 16, max_model_len 8192, permuted `req_indices`, ragged lengths "
+        "and draft counts. Baselines: `torch` = eager torch (bench/baselines/"
+        "bookkeeping_torch.py), `reference` = the plain Python oracle. The byte counts are "
+        "tiny; at these sizes the times are per-call overhead (Python, dispatcher, value "
+        "checks), not bandwidth."
+    ),
+}
+
+
+def _section(fam, mod, results, notes) -> list[str]:
+    from bench.harness import results_table
+
+    lines = [SECTION_TEXT[fam], ""]
+    if not results:
+        return lines + ["(no results)", ""]
+    lines += [results_table(results, baselines=mod.BASELINES), ""]
+    lines += ["Checks:", ""]
+    lines += [f"- {op} {label}: {note}" for op, label, note in notes]
+    lines.append("")
+    return lines
+
+
+if __name__ == "__main__":
+    run()

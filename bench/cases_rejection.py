@@ -1,0 +1,83 @@
+"""``rejection_sample`` cases: the library's CPU path vs plain torch rejection sampling."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from specdec_kernels.ops import rejection_sample
+
+from bench import data
+from bench.baselines.rejection_torch import library_uniforms, rejection_sample_torch
+from bench.harness import OP, Case
+
+OP_NAME = "rejection_sample"
+K = 4
+BATCHES = (8, 64)
+VOCABS = (32000, 151936)
+MODES = ("greedy", "onehot", "probs")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+SPECS = [
+    {"B": b, "V": v, "mode": m, "dtype": d}
+    for m, d, v, b in itertools.product(MODES, DTYPES, VOCABS, BATCHES)
+]
+QUICK_SPECS = [{"B": 2, "V": 1000, "mode": m, "dtype": d} for m in MODES for d in ("fp32", "bf16")]
+BASELINES = ["torch"]
+# Rows whose tokens may differ between two correct fp32 implementations fed the same
+# uniforms (a uniform within rounding of a CDF boundary); far above what we see (0).
+MAX_MISMATCH_FRACTION = 0.02
+
+
+def bytes_moved(B: int, V: int, mode: str, dtype: str) -> int:
+    """All ``B*(k+1)`` logits rows read once (+ the ``B*k`` draft-prob rows, fp32), plus the
+    small inputs and the ``[B, k+1]`` output."""
+    elem = 4 if dtype == "fp32" else 2
+    n = B * K
+    total = B * (K + 1) * V * elem + 4 * n + 4 * (B + 1)
+    if mode != "greedy":
+        total += 4 * B + 16 * B  # temperature, seeds, offsets
+    if mode == "probs":
+        total += n * V * 4
+    return total + 4 * B * (K + 1) + 4 * B
+
+
+def build(spec: dict) -> Case:
+    B, V, mode, dtype = spec["B"], spec["V"], spec["mode"], spec["dtype"]
+    inp = data.verify_logits(B, K, V, dtype=DTYPES[dtype], mode=mode)
+    base_kw = {
+        "num_speculative_tokens": K,
+        "draft_probs": inp.get("draft_probs"),
+        "temperature": inp.get("temperature"),
+    }
+    args = (inp["target_logits"], inp["draft_token_ids"], inp["cu_num_draft_tokens"])
+    op_kw = dict(base_kw, seeds=inp.get("seeds"), offsets=inp.get("offsets"))
+    gen = torch.Generator().manual_seed(1234)
+    impls = {
+        OP: lambda: rejection_sample(*args, **op_kw),
+        "torch": lambda: rejection_sample_torch(*args, generator=gen, **base_kw),
+    }
+
+    def check() -> str:
+        out = impls[OP]()
+        if mode == "greedy":
+            b_out, b_num = impls["torch"]()
+            assert torch.equal(out.output_token_ids, b_out), "greedy tokens differ from torch"
+            assert torch.equal(out.num_emitted, b_num), "greedy counts differ from torch"
+            how = "op == torch exactly (greedy)"
+        else:
+            uniforms = library_uniforms(inp["seeds"], inp["offsets"], K)
+            b_out, b_num = rejection_sample_torch(*args, uniforms=uniforms, **base_kw)
+            bad = (out.output_token_ids != b_out).any(dim=1) | (out.num_emitted != b_num)
+            frac = float(bad.float().mean())
+            assert frac <= MAX_MISMATCH_FRACTION, f"{frac:.1%} of rows differ from torch"
+            how = f"op == torch with the same Philox uniforms on {1 - frac:.0%} of rows"
+        mean = float(out.num_emitted.float().mean())
+        return f"{how}; {mean:.2f} tokens emitted per request (of {K + 1})"
+
+    return Case(OP_NAME, dict(spec), impls, check, bytes_moved(B, V, mode, dtype))
+
+
+def cases(quick: bool = False):
+    for spec in QUICK_SPECS if quick else SPECS:
+        yield build(spec)

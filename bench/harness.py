@@ -1,0 +1,254 @@
+"""Timing, cases and reporting shared by the CPU suite, the pytest-benchmark files, the GPU suite.
+
+A :class:`Case` is one op at one shape: a zero-argument callable per implementation (the
+library op first, then the baselines), a ``check`` that runs them once and compares their
+outputs (it raises ``AssertionError`` on any mismatch, so nothing is timed unless it is
+right), and the number of bytes the op must move (for GB/s). Cases are built one at a time
+from small spec dicts, so large inputs never pile up in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+OP = "op"  # the implementation name of the library op in every case
+
+
+@dataclasses.dataclass
+class Case:
+    op: str
+    spec: dict
+    impls: dict[str, Callable[[], Any]]
+    check: Callable[[], str]
+    bytes_moved: int
+    setup: Callable[[], None] | None = None
+    untimed: tuple[str, ...] = ()  # impls used in the check but too slow to time here
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.spec.items())
+
+
+@dataclasses.dataclass
+class Timing:
+    samples_us: np.ndarray
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.samples_us))
+
+    @property
+    def q25(self) -> float:
+        return float(np.percentile(self.samples_us, 25))
+
+    @property
+    def q75(self) -> float:
+        return float(np.percentile(self.samples_us, 75))
+
+    @property
+    def min(self) -> float:
+        return float(self.samples_us.min())
+
+    @property
+    def max(self) -> float:
+        return float(self.samples_us.max())
+
+    @property
+    def rounds(self) -> int:
+        return int(self.samples_us.size)
+
+
+@dataclasses.dataclass
+class Result:
+    op: str
+    spec: dict
+    impl: str
+    timing: Timing
+    bytes_moved: int
+    note: str = ""
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_moved / (self.timing.median * 1e-6) / 1e9
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    setup: Callable[[], None] | None = None,
+    budget_s: float = 0.5,
+    min_rounds: int = 5,
+    max_rounds: int = 2000,
+    warmup: int = 2,
+) -> Timing:
+    """Time ``fn()`` call by call with ``perf_counter_ns``; ``setup()`` runs untimed before each.
+
+    Runs ``warmup`` untimed calls, then at least ``min_rounds`` timed ones and more until
+    ``budget_s`` of timed calls have passed (or ``max_rounds``).
+    """
+    for _ in range(warmup):
+        if setup is not None:
+            setup()
+        fn()
+    samples = []
+    spent = 0
+    budget_ns = budget_s * 1e9
+    while len(samples) < max_rounds and (len(samples) < min_rounds or spent < budget_ns):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter_ns()
+        fn()
+        dt = time.perf_counter_ns() - t0
+        samples.append(dt)
+        spent += dt
+    return Timing(np.asarray(samples, dtype=np.float64) / 1e3)
+
+
+def run_cases(
+    cases: Iterable[Case], *, budget_s: float = 0.5, log: Callable[[str], None] | None = print
+) -> list[Result]:
+    """Check, then time every implementation of every case."""
+    results = []
+    for case in cases:
+        note = case.check()
+        for name, fn in case.impls.items():
+            if name in case.untimed:
+                continue
+            timing = measure(fn, setup=case.setup, budget_s=budget_s)
+            res = Result(case.op, case.spec, name, timing, case.bytes_moved, note)
+            results.append(res)
+            if log is not None:
+                log(
+                    f"  {case.op:24s} {case.label:42s} {name:10s} "
+                    f"median {timing.median:10.1f} us  IQR {timing.q25:.1f}-{timing.q75:.1f}  "
+                    f"({timing.rounds} rounds)"
+                )
+    return results
+
+
+def cpu_copy_bandwidth(nbytes: int = 256 << 20) -> float:
+    """Measured host copy bandwidth in GB/s (read + write counted), ``dst.copy_(src)``."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    t = measure(lambda: dst.copy_(src), budget_s=0.5, min_rounds=5)
+    return 2 * nbytes / (t.median * 1e-6) / 1e9
+
+
+def machine_info() -> dict:
+    info = {
+        "machine": platform.node() or "unknown",
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "torch threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+    }
+    try:
+        import numba
+
+        info["numba"] = f"{numba.__version__} ({numba.get_num_threads()} threads)"
+    except ImportError:
+        info["numba"] = "not installed"
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def _fmt_us(x: float) -> str:
+    if x >= 1e5:
+        return f"{x / 1e3:,.0f} ms"
+    if x >= 1e3:
+        return f"{x / 1e3:,.2f} ms"
+    return f"{x:,.1f} µs"
+
+
+def _fmt_speed(x: float) -> str:
+    if math.isnan(x):
+        return "—"
+    return f"{x:.2f}×" if x < 10 else f"{x:.1f}×"
+
+
+def results_table(results: list[Result], *, baselines: list[str]) -> str:
+    """A markdown table: one row per (case, implementation).
+
+    ``op / <baseline>`` columns give the baseline's median over the op's median (above 1:
+    the library op is faster), filled on the op's row.
+    """
+    by_case: dict[tuple, dict[str, Result]] = {}
+    for r in results:
+        by_case.setdefault((r.op, tuple(r.spec.items())), {})[r.impl] = r
+    head = ["case", "impl", "median", "IQR", "min – max", "rounds", "GB/s"]
+    head += [f"speedup vs {b}" for b in baselines]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    several_ops = len({op for op, _ in by_case}) > 1
+    for (op, spec), impls in by_case.items():
+        label = " ".join(f"{k}={v}" for k, v in spec)
+        if several_ops:
+            label = f"{op} {label}"
+        op_res = impls.get(OP)
+        for name, r in impls.items():
+            t = r.timing
+            row = [
+                label,
+                name,
+                _fmt_us(t.median),
+                f"{_fmt_us(t.q25)} – {_fmt_us(t.q75)}",
+                f"{_fmt_us(t.min)} – {_fmt_us(t.max)}",
+                str(t.rounds),
+                f"{r.gbps:.2f}",
+            ]
+            for b in baselines:
+                if name == OP and b in impls and op_res is not None:
+                    row.append(_fmt_speed(impls[b].timing.median / op_res.timing.median))
+                else:
+                    row.append("")
+            lines.append("| " + " | ".join(row) + " |")
+            label = ""
+    return "\n".join(lines)
+
+
+def speedup(results: list[Result], op: str, baseline: str, **spec) -> float:
+    """Baseline median / op median at the case whose spec contains ``spec``."""
+    med = {}
+    for r in results:
+        if r.op == op and all(r.spec.get(k) == v for k, v in spec.items()):
+            med.setdefault(r.impl, []).append(r.timing.median)
+    if OP not in med or baseline not in med:
+        return float("nan")
+    return statistics.median(med[baseline]) / statistics.median(med[OP])
