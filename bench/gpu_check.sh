@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# GPU check for specdec-kernels: the GPU tests, then the GPU timings (bench/gpu.py).
+#
+#   bash bench/gpu_check.sh            # from anywhere; uses .venv/bin/python if present
+#   PYTHON=python3 bash bench/gpu_check.sh
+#
+# Installs nothing and needs no network. Whole script < 5 minutes on one GPU: every stage
+# has its own time limit (seconds, overridable), so a slow stage cannot eat the others:
+#   GPU_TESTS_TIMEOUT (default 60):     pytest -m gpu (tests that need CUDA)
+#   KERNEL_TESTS_TIMEOUT (default 120): the kernel-vs-reference tests, now on CUDA
+#                                       (pytest -m "not slow and not model", -x)
+#   BENCH_TIMEOUT (default 100):        python -m bench.gpu (writes bench/results/<date>-<gpu>.md)
+# Extra arguments are passed to bench.gpu (e.g. --quick, --only ngram).
+# Exit status: 0 if every stage passed, else the first failing stage's status.
+set -u -o pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+
+if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "gpu_check: no CUDA device visible to $PY; nothing to do" >&2
+    exit 2
+fi
+"$PY" -c 'import torch, triton; print("torch", torch.__version__, "| triton", triton.__version__,
+      "| CUDA", torch.version.cuda, "|", torch.cuda.get_device_name())'
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+
+# The kernels must run compiled, not interpreted.
+unset TRITON_INTERPRET
+XDIST=()
+if "$PY" -c 'import xdist' 2>/dev/null; then XDIST=(-n 4); fi
+
+status=0
+stage() {  # stage NAME TIMEOUT CMD...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    local t0=$SECONDS
+    timeout --signal=INT --kill-after=10 "$limit" "$@"
+    local rc=$?
+    if [ $rc -eq 5 ] && [ "$name" = "gpu-tests" ]; then rc=0; fi  # pytest: no tests collected
+    echo "== $name: exit $rc after $((SECONDS - t0)) s"
+    if [ $rc -ne 0 ] && [ $status -eq 0 ]; then status=$rc; fi
+}
+
+stage gpu-tests "${GPU_TESTS_TIMEOUT:-60}" \
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
+stage kernel-tests "${KERNEL_TESTS_TIMEOUT:-120}" \
+    "$PY" -m pytest -m "not slow and not model and not gpu" -q -x -p no:cacheprovider "${XDIST[@]}" tests
+stage timings "${BENCH_TIMEOUT:-100}" \
+    "$PY" -m bench.gpu "$@"
+
+echo "gpu_check: done, exit $status (results in bench/results/)"
+exit $status
