@@ -20,6 +20,7 @@ from specdec_kernels.cpu import bookkeeping as cpu_bk
 from specdec_kernels.kernels import bookkeeping as triton_bk
 from specdec_kernels.reference import bookkeeping as ref_bk
 
+HAS_CUDA = torch.cuda.is_available()
 I32, I64 = torch.int32, torch.int64
 IMPLS = ("reference", "cpu", "triton")
 ALL = (*IMPLS, "public")
@@ -1018,3 +1019,68 @@ def test_value_checks_can_be_turned_off_and_counts_are_clamped():
         "triton", tok, nt, drafts, _i32([7, 0, 2]), bt, req, block_size=4, max_model_len=16
     )
     _assert_same(got, tuple(out), "triton")
+
+
+# ---------------------------------------------------------------- GPU compilation
+
+_COMPILE_SCRIPT = r"""
+import os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+try:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError:
+    sys.exit(3)
+from specdec_kernels.kernels import bookkeeping as K
+
+def build(fn, consts, ptrs):
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = ptrs.get(name, "*i32")
+        else:
+            sig[name] = "i32"
+    try:
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    except TypeError:  # another Triton's API: nothing to check here
+        sys.exit(3)
+    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+i64 = {"positions_ptr": "*i64", "slot_ptr": "*i64"}
+for flag in (True, False):
+    build(K._slot_mapping_kernel,
+          dict(HAS_REQ_INDICES=flag, HAS_MAX_MODEL_LEN=flag, BLOCK=1024), i64)
+    kb = 4 if flag else 1
+    build(K._commit_kernel,
+          dict(HAS_REQ_INDICES=flag, HAS_STOP=flag, HAS_PROMPT=flag, HAS_MIN_TOKENS=flag,
+               HAS_MAX_TOKENS=flag, HAS_COMPUTED=flag, KB=kb, SB=2, k1=kb),
+          {"finished_ptr": "*i1", "reason_ptr": "*i8"})
+for k, kb in ((0, 1), (1, 2), (3, 4)):  # k = 1 is what Triton's specialisation makes of it
+    build(K._prepare_verify_kernel,
+          dict(HAS_REQ_INDICES=k > 0, ROWS=64, KB=kb, SCAN_BLOCK=1024, k=k, block_size=1), i64)
+print("compiled")
+"""
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the GPU run compiles the kernels for real")
+def test_kernels_compile_for_the_gpu():
+    # The interpreter runs code that the GPU compiler rejects (e.g. a non-constexpr global
+    # read inside a kernel): compile every kernel variant for sm_90 without a GPU.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode == 3:
+        pytest.skip("this Triton has no ASTSource/GPUTarget compile API")
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]

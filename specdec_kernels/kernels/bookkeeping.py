@@ -36,7 +36,7 @@ import triton.language as tl
 
 from specdec_kernels.kernels._utils import next_pow2
 
-PAD_SLOT = -1
+PAD_SLOT = tl.constexpr(-1)  # a constexpr: jit functions may read only those globals
 _SLOT_BLOCK = 1024
 _VERIFY_ROWS = 64
 _SCAN_BLOCK = 1024
