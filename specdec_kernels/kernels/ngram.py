@@ -25,8 +25,8 @@ import triton.language as tl
 
 from specdec_kernels.kernels._utils import next_pow2
 
-_TIE_SHIFT = 32
-_TIE_MAX = 0x7FFFFFFF
+_TIE_SHIFT = tl.constexpr(32)
+_TIE_MAX = tl.constexpr(0x7FFFFFFF)
 
 
 @triton.jit(do_not_specialize=["hist_stride"])
