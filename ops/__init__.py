@@ -4,7 +4,7 @@ Installed as ``specdec_kernels.ops`` (the ``ops/`` folder at the repository root
 mapped there by ``pyproject.toml``). Importing it registers every operator.
 """
 
-from specdec_kernels.ops.bookkeeping import (  # noqa: F401
+from specdec_kernels.ops.bookkeeping import (
     CommitResult,
     VerifyInputs,
     commit_accepted_tokens,
@@ -12,6 +12,16 @@ from specdec_kernels.ops.bookkeeping import (  # noqa: F401
     prepare_verify_inputs,
 )
 from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
-from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample  # noqa: F401
+from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample
 
-__all__ = ["NgramProposal", "ngram_propose"]
+__all__ = [
+    "CommitResult",
+    "NgramProposal",
+    "RejectionOutput",
+    "VerifyInputs",
+    "commit_accepted_tokens",
+    "compute_slot_mapping",
+    "ngram_propose",
+    "prepare_verify_inputs",
+    "rejection_sample",
+]
