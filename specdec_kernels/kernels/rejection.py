@@ -25,7 +25,8 @@ int32 bit patterns, so ``t`` is the smallest bit pattern with ``F(t) < threshold
 ``F(t)`` counts (top-k: ``F < k``) or sums (top-p: ``F < top_p * S_k``) the weights with
 bit pattern ``> t``. ``F`` is non-increasing, so a search over the integer range
 ``[lo, bits(1.0)]`` with ``NPIV`` pivots per pass over the vocabulary finds it exactly
-(about 8 passes for 16 pivots); it reproduces the tie-inclusive definition exactly (top-k
+(about 8 passes for 16 pivots, each also summing the weights above every pivot, so the
+kept mass comes for free); it reproduces the tie-inclusive definition exactly (top-k
 keeps every token tied with the k-th largest weight).
 """
 
@@ -86,37 +87,46 @@ def _search_threshold(
     T,
     m_z,
     lo,
+    s_lo,
     thresh,
     USE_SUM: tl.constexpr,
     BLOCK: tl.constexpr,
     NPIV: tl.constexpr,
 ):
-    """Smallest int32 bit pattern ``t`` in ``[lo, bits(1.0)]`` with ``F(t) < thresh``.
+    """Smallest int32 bit pattern ``t`` in ``[lo, bits(1.0)]`` with ``F(t) < thresh``,
+    and the sum of the weights with bit pattern ``>= t``.
 
     ``F(t)`` is the number (``USE_SUM=False``) or the sum (``True``) of the weights with
     bit pattern ``> t``; ``F(bits(1.0)) = 0 < thresh`` by the caller's choice of
-    ``thresh > 0``. Invariant: the answer lies in ``[lo, hi]``.
+    ``thresh > 0``. ``s_lo`` is the kept sum at the initial ``lo``. Invariants: the answer
+    lies in ``[lo, hi]``; ``s_lo`` is the sum of the weights ``>= lo``. Each pass tests
+    ``NPIV`` pivots and shrinks ``hi - lo`` by a factor ``NPIV``.
     """
     hi = lo * 0 + 0x3F800000
     piv_i = tl.arange(0, NPIV)
     while lo < hi:
         step = (hi - lo + NPIV - 1) // NPIV
         piv = tl.minimum(lo + piv_i * step, hi)
-        acc = tl.zeros([NPIV], dtype=tl.float32)
+        above = tl.zeros([NPIV], dtype=tl.float32)  # sum of the weights > pivot
+        count = tl.zeros([NPIV], dtype=tl.float32)  # their number (exact: V < 2**24)
         for s in range(0, V, BLOCK):
             offs = s + tl.arange(0, BLOCK)
             e = _weights(row_ptr, offs, V, stride_v, T, m_z)
             gt = e.to(tl.int32, bitcast=True)[:, None] > piv[None, :]
-            if USE_SUM:
-                acc += tl.sum(tl.where(gt, e[:, None], 0.0), axis=0)
-            else:
-                acc += tl.sum(gt.to(tl.float32), axis=0)  # exact: V < 2**24
-        ok = acc < thresh
-        new_hi = tl.min(tl.where(ok, piv, hi), axis=0)
-        new_lo = tl.max(tl.where(ok, lo, piv + 1), axis=0)
-        lo = new_lo
-        hi = new_hi
-    return lo
+            above += tl.sum(tl.where(gt, e[:, None], 0.0), axis=0)
+            if not USE_SUM:
+                count += tl.sum(gt.to(tl.float32), axis=0)
+        if USE_SUM:
+            ok = above < thresh
+        else:
+            ok = count < thresh
+        # Pivots that fail are distinct (only hi, which passes, can repeat).
+        fail = tl.max(tl.where(ok, -1, piv), axis=0)
+        hi = tl.min(tl.where(ok, piv, hi), axis=0)
+        if fail >= 0:
+            s_lo = tl.sum(tl.where(piv == fail, above, 0.0), axis=0)
+            lo = fail + 1
+    return lo, s_lo
 
 
 @triton.jit
@@ -200,40 +210,41 @@ def _rejection_rows_kernel(
                 if HAS_TOP_K:
                     K = tl.load(top_k_ptr + b)
                     if (K > 0) & (K < V):
-                        t = _search_threshold(
+                        t, S_k = _search_threshold(
                             row_ptr,
                             V,
                             stride_lv,
                             T,
                             m_z,
                             t,
+                            S_k,
                             K.to(tl.float32),
                             USE_SUM=False,
                             BLOCK=SEARCH_BLOCK,
                             NPIV=NPIV,
                         )
-                        S_k = _kept_sum(row_ptr, V, stride_lv, T, m_z, t, BLOCK)
+                S = S_k
                 if HAS_TOP_P:
                     P = tl.load(top_p_ptr + b).to(tl.float32)
                     if P < 1.0:
-                        t = _search_threshold(
+                        t, S = _search_threshold(
                             row_ptr,
                             V,
                             stride_lv,
                             T,
                             m_z,
                             t,
+                            S_k,
                             P * S_k,
                             USE_SUM=True,
                             BLOCK=SEARCH_BLOCK,
                             NPIV=NPIV,
                         )
                 if HAS_MIN_P:
-                    mp = tl.load(min_p_ptr + b).to(tl.float32)
-                    t = tl.maximum(t, mp.to(tl.int32, bitcast=True))
-                S = S_z
-                if t > 0:
-                    S = _kept_sum(row_ptr, V, stride_lv, T, m_z, t, BLOCK)
+                    t_min = tl.load(min_p_ptr + b).to(tl.float32).to(tl.int32, bitcast=True)
+                    if t_min > t:
+                        t = t_min
+                        S = _kept_sum(row_ptr, V, stride_lv, T, m_z, t, BLOCK)
                 w_x = tl.where(valid & (e_x.to(tl.int32, bitcast=True) >= t), e_x, 0.0)
 
                 # Acceptance: u < p(x) / q(x), q(x) > 0.
@@ -373,7 +384,7 @@ def rejection_sample(
 
     ``search_pivots`` (a power of two) is the number of thresholds a top-k/top-p search
     pass tests at once. Default: 16 on the GPU, where each pivot costs a compare per
-    vocabulary entry, and 64 under the interpreter, where passes (Python operations) cost
+    vocabulary entry, and 1024 under the interpreter, where passes (Python operations) cost
     and wide blocks are nearly free.
     """
     K1 = num_speculative_tokens + 1
@@ -420,7 +431,7 @@ def rejection_sample(
         LOGPROBS=return_logprobs,
         BLOCK=min(1024, max(16, next_pow2(V))),
         SEARCH_BLOCK=min(128, max(16, next_pow2(V))),
-        NPIV=search_pivots or (16 if target_logits.is_cuda else 64),
+        NPIV=search_pivots or (16 if target_logits.is_cuda else 1024),
     )
     _rejection_finalize_kernel[(B,)](
         cu_ptr=cu_num_draft_tokens,

@@ -119,7 +119,7 @@ def rejection_sample(
             )
             S = w.sum()
             seed, counter = int(seeds[b]), int(offsets[b]) + j
-            q = None if draft_probs is None else draft_probs[cu[b] + j].float()
+            q = None if draft_probs is None or j == kb else draft_probs[cu[b] + j].float()
             if valid:
                 q_x = torch.tensor(1.0) if q is None else q[x]
                 u = uniform(seed, counter, 0)

@@ -1,0 +1,816 @@
+"""rejection_sample: named cases, CPU path == reference == Triton kernel, registration, errors."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specdec_kernels.ops import rejection_sample
+from specdec_kernels.ops.rejection import sampling_offsets
+
+from specdec_kernels.cpu import rejection as cpu_rej
+from specdec_kernels.cpu.philox import philox_uniform
+from specdec_kernels.kernels import rejection as triton_rej
+from specdec_kernels.reference import rejection as ref_rej
+
+INF = float("inf")
+IMPLS = {
+    "reference": ref_rej.rejection_sample,
+    "cpu": cpu_rej.rejection_sample,
+    "triton": triton_rej.rejection_sample,
+}
+
+
+@dataclass
+class Batch:
+    logits: torch.Tensor
+    drafts: torch.Tensor
+    cu: torch.Tensor
+    k: int
+    draft_probs: torch.Tensor | None = None
+    temperature: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+    seeds: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
+
+    def tensors(self):
+        return (
+            self.logits,
+            self.drafts,
+            self.cu,
+            self.draft_probs,
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+            self.seeds,
+            self.offsets,
+        )
+
+
+def run(impl: str, batch: Batch, device=None, *, logprobs: bool = True):
+    """Run one implementation; returns (tokens, num_emitted, logprobs) on the CPU."""
+    if impl == "public":
+        out = rejection_sample(
+            batch.logits,
+            batch.drafts,
+            batch.cu,
+            num_speculative_tokens=batch.k,
+            draft_probs=batch.draft_probs,
+            temperature=batch.temperature,
+            top_k=batch.top_k,
+            top_p=batch.top_p,
+            min_p=batch.min_p,
+            seeds=batch.seeds,
+            offsets=batch.offsets,
+            return_logprobs=logprobs,
+        )
+        return tuple(out)
+    args = batch.tensors()
+    if impl == "triton" and device is not None:
+        args = tuple(None if t is None else t.to(device) for t in args)
+    out = IMPLS[impl](*args, num_speculative_tokens=batch.k, return_logprobs=logprobs)
+    return tuple(o.cpu() for o in out)
+
+
+def assert_same(a, b, *, what=""):
+    assert torch.equal(a[0], b[0]), f"{what} tokens\n{a[0]}\n{b[0]}"
+    assert torch.equal(a[1], b[1]), f"{what} num_emitted\n{a[1]}\n{b[1]}"
+    if a[2] is not None and b[2] is not None:
+        torch.testing.assert_close(a[2], b[2], atol=2e-5, rtol=1e-5, msg=what)
+
+
+def cu_of(counts: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + list(torch.tensor(counts).cumsum(0).tolist()), dtype=torch.int32)
+
+
+def rows_with_argmax(argmaxes: list[int], V: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(len(argmaxes) * 31 + V)
+    rows = torch.rand(len(argmaxes), V, generator=g)
+    for i, a in enumerate(argmaxes):
+        rows[i, a] = 5.0
+    return rows
+
+
+MODES = ["greedy", "mixed", "sampled", "probs", "top_k", "top_p", "min_p", "filters", "ties"]
+
+
+def make_batch(
+    seed: int,
+    mode: str,
+    *,
+    B: int = 6,
+    k: int = 3,
+    V: int = 37,
+    dtype: torch.dtype = torch.float32,
+) -> Batch:
+    """A ragged batch (request 0 has no drafts) whose drafts are often accepted."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, k + 1, (B,), generator=g)
+    if B:
+        counts[0] = 0
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(torch.int32)
+    N = int(cu[-1])
+    rows = N + B
+    if mode == "ties":
+        logits = torch.randint(-2, 2, (rows, V), generator=g).float()
+    else:
+        logits = torch.randn(rows, V, generator=g) * 1.5
+        hot = torch.randint(0, V, (rows, 2), generator=g)
+        logits.scatter_add_(1, hot, torch.full((rows, 2), 4.0))
+    logits = logits.to(dtype)
+    owner = torch.repeat_interleave(torch.arange(B), counts)  # request of each flat draft
+    verify_rows = torch.arange(N) + owner  # flat draft i of request b: row i + b
+    drafts = logits[verify_rows].float().argmax(-1).to(torch.int32)  # greedy accepts these
+    flip = torch.rand(N, generator=g) < 0.25
+    drafts = torch.where(flip, torch.randint(0, V, (N,), generator=g).int(), drafts)
+    if N:
+        drafts[torch.rand(N, generator=g) < 0.1] = -1
+    b = Batch(logits=logits, drafts=drafts, cu=cu, k=k)
+    if mode == "greedy":
+        return b
+    b.temperature = torch.rand(B, generator=g) * 1.2 + 0.3
+    b.seeds = torch.randint(-(2**62), 2**62, (B,), generator=g)
+    b.offsets = torch.randint(0, 10_000, (B,), generator=g)
+    if mode in ("mixed", "filters", "probs") and B:
+        b.temperature[torch.rand(B, generator=g) < 0.3] = 0.0
+    if mode == "probs":
+        noise = torch.randn(max(N, 1), V, generator=g)
+        q = torch.softmax(noise if N == 0 else logits[verify_rows].float() * 0.7 + noise, dim=-1)
+        b.draft_probs = q.to(dtype)
+        if N:
+            sampled = torch.multinomial(q[:N], 1, generator=g)[:, 0].int()
+            b.drafts = torch.where(b.drafts >= 0, sampled, b.drafts)
+    if mode in ("top_k", "filters", "ties"):
+        b.top_k = torch.randint(0, 8, (B,), generator=g, dtype=torch.int32)
+    if mode in ("top_p", "filters", "ties"):
+        b.top_p = torch.rand(B, generator=g) * 0.9 + 0.1
+        b.top_p[torch.rand(B, generator=g) < 0.2] = 1.0
+    if mode in ("min_p", "filters"):
+        b.min_p = torch.rand(B, generator=g) * 0.3
+    return b
+
+
+# ---------------------------------------------------------------- named cases (issue 3)
+
+
+def test_case1_mixed_batch_greedy_and_sampled(kernel_device):
+    """req0 greedy -> [2, 3, -1]; every copy of req1 (T=1, p(0)=0.7) accepts iff u < p(0)."""
+    verify0 = [[0.1, 0.2, 3.0, 0.0], [0.0, 0.5, 0.1, 2.0]]
+    bonus0 = [0.0, 4.0, 0.0, 0.0]
+    p1 = torch.tensor([0.7, 0.1, 0.1, 0.1])
+    n = 400
+    logits = torch.tensor(verify0 + [bonus0] + [p1.log().tolist(), [0.0] * 4] * n)
+    drafts = torch.tensor([2, 1] + [0] * n, dtype=torch.int32)
+    b = Batch(
+        logits=logits,
+        drafts=drafts,
+        cu=cu_of([2] + [1] * n),
+        k=2,
+        temperature=torch.tensor([0.0] + [1.0] * n),
+        seeds=torch.arange(n + 1, dtype=torch.int64) * 7919,
+        offsets=torch.arange(n + 1, dtype=torch.int64) * 3,
+    )
+    out = run("public", b)
+    assert out[0][0].tolist() == [2, 3, -1]
+    p0 = float(torch.softmax(p1.log(), 0)[0])
+    u = philox_uniform(b.seeds[1:], b.offsets[1:], 0)
+    accepted = out[0][1:, 0] == 0
+    assert torch.equal(accepted, u < p0)
+    assert abs(float(accepted.float().mean()) - 0.7) < 0.08
+    assert torch.equal(out[1][1:], torch.where(accepted, 2, 1).int())
+    small = replace(
+        b,
+        logits=logits[: 3 + 2 * 12],
+        drafts=drafts[:14],
+        cu=b.cu[:14],
+        temperature=b.temperature[:13],
+        seeds=b.seeds[:13],
+        offsets=b.offsets[:13],
+    )
+    assert_same(run("triton", small, kernel_device), run("public", small), what="triton")
+    assert_same(run("reference", small), run("public", small), what="reference")
+
+
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_case2_one_hot_target_always_accepts_and_inputs_stay_intact(with_probs, kernel_device):
+    n = 12
+    verify = [-INF, 0.0, -INF, -INF]
+    logits = torch.tensor([verify, [0.3, -1.0, 2.0, 0.5]] * n)
+    b = Batch(
+        logits=logits,
+        drafts=torch.ones(n, dtype=torch.int32),
+        cu=cu_of([1] * n),
+        k=1,
+        temperature=torch.tensor([1.0, 0.0, 0.7] * (n // 3)),
+        seeds=torch.arange(n, dtype=torch.int64),
+        offsets=torch.zeros(n, dtype=torch.int64),
+        draft_probs=torch.full((n, 4), 0.25) if with_probs else None,
+    )
+    before = [None if t is None else t.clone() for t in b.tensors()]
+    results = {impl: run(impl, b, kernel_device) for impl in ("public", "triton", "reference")}
+    for impl, out in results.items():
+        assert (out[0][:, 0] == 1).all(), impl
+        assert out[1].tolist() == [2] * n, impl
+        assert ((out[0][:, 1] >= 0) & (out[0][:, 1] < 4)).all(), impl
+        assert (out[0][1::3, 1] == 2).all(), impl  # the greedy copies' bonus argmax
+    assert_same(results["triton"], results["public"])
+    assert_same(results["reference"], results["public"])
+    for t0, t1 in zip(before, b.tensors(), strict=True):
+        if t0 is not None:
+            assert torch.equal(t0, t1)
+
+
+def test_case3_recovered_token_comes_from_the_residual(kernel_device):
+    """q = [.1,.6,.2,.1], p = [.4,.3,.2,.1], draft 1: a rejection always recovers token 0."""
+    n = 2000
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    q = torch.tensor([0.1, 0.6, 0.2, 0.1])
+    b = Batch(
+        logits=torch.stack([p.log(), torch.zeros(4)]).repeat(n, 1),
+        drafts=torch.ones(n, dtype=torch.int32),
+        cu=cu_of([1] * n),
+        k=1,
+        draft_probs=q.repeat(n, 1),
+        temperature=torch.ones(n),
+        seeds=torch.arange(n, dtype=torch.int64) + 10**12,
+        offsets=torch.zeros(n, dtype=torch.int64),
+    )
+    out = run("public", b)
+    rejected = out[1] == 1
+    assert (out[0][rejected, 0] == 0).all()
+    assert (out[0][~rejected, 0] == 1).all()
+    assert abs(float(rejected.float().mean()) - 0.5) < 0.05  # 1 - p(1)/q(1)
+    m = 24
+    small = replace(
+        b,
+        logits=b.logits[: 2 * m],
+        drafts=b.drafts[:m],
+        cu=b.cu[: m + 1],
+        draft_probs=b.draft_probs[:m],
+        temperature=b.temperature[:m],
+        seeds=b.seeds[:m],
+        offsets=b.offsets[:m],
+    )
+    tri = run("triton", small, kernel_device)
+    assert_same(tri, (out[0][:m], out[1][:m], out[2][:m]))
+    assert (tri[0][tri[1] == 1, 0] == 0).all()
+
+
+@pytest.mark.parametrize("draft", [-1, 4, 1000, -7])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_case4_out_of_range_draft_is_rejected(draft, sampled, kernel_device):
+    b = Batch(
+        logits=torch.tensor([[-INF, -INF, -INF, 0.0], [1.0, 0.0, 0.0, 0.0]]),
+        drafts=torch.tensor([draft], dtype=torch.int32),
+        cu=cu_of([1]),
+        k=1,
+    )
+    if sampled:
+        b = replace(
+            b,
+            temperature=torch.tensor([1.0]),
+            seeds=torch.tensor([5]),
+            offsets=torch.tensor([0]),
+        )
+    for impl in ("public", "triton", "reference"):
+        out = run(impl, b, kernel_device)
+        assert out[0].tolist() == [[3, -1]], impl
+        assert out[1].tolist() == [1], impl
+
+
+def test_case5_ragged_greedy_batch(kernel_device):
+    # Rows: req0 bonus | req1 verify, verify, bonus | req2 bonus | req3 verify, bonus.
+    logits = rows_with_argmax([10, 5, 6, 11, 12, 9, 13], V=16)
+    b = Batch(
+        logits=logits,
+        drafts=torch.tensor([5, 6, 7], dtype=torch.int32),
+        cu=cu_of([0, 2, 0, 1]),
+        k=2,
+    )
+    want = [[10, -1, -1], [5, 6, 11], [12, -1, -1], [9, -1, -1]]
+    for impl in ("public", "triton", "reference"):
+        out = run(impl, b, kernel_device)
+        assert out[0].tolist() == want, impl
+        assert out[1].tolist() == [1, 3, 1, 1], impl
+
+
+def test_case5_all_zero_draft_batch_emits_the_bonus(kernel_device):
+    b = Batch(
+        logits=rows_with_argmax([3, 0, 2], V=5),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=cu_of([0, 0, 0]),
+        k=2,
+    )
+    for impl in ("public", "triton", "reference"):
+        out = run(impl, b, kernel_device)
+        assert out[0].tolist() == [[3, -1, -1], [0, -1, -1], [2, -1, -1]], impl
+        assert out[1].tolist() == [1, 1, 1], impl
+
+
+@pytest.mark.parametrize("impl", ["public", "triton", "reference"])
+def test_case5_empty_batch(impl, kernel_device):
+    b = Batch(
+        logits=torch.zeros(0, 7),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=torch.zeros(1, dtype=torch.int32),
+        k=3,
+        temperature=torch.zeros(0),
+        seeds=torch.zeros(0, dtype=torch.int64),
+        offsets=torch.zeros(0, dtype=torch.int64),
+    )
+    tokens, num, lp = run(impl, b, kernel_device)
+    assert tokens.shape == (0, 4) and tokens.dtype == torch.int32
+    assert num.shape == (0,) and num.dtype == torch.int32
+    assert lp.shape == (0, 4) and lp.dtype == torch.float32
+
+
+# ---------------------------------------------------------------- CPU == reference == Triton
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cpu_reference_triton_agree(mode, kernel_device):
+    b = make_batch(100 + MODES.index(mode), mode)
+    cpu = run("cpu", b)
+    assert_same(run("reference", b), cpu, what="reference")
+    assert_same(run("triton", b, kernel_device), cpu, what="triton")
+    assert_same(run("public", b), cpu, what="public")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits_agree(dtype, kernel_device):
+    b = make_batch(7, "filters", B=4, k=2, V=50, dtype=dtype)
+    b.draft_probs = torch.softmax(torch.randn(b.drafts.shape[0], 50), -1).to(dtype)
+    cpu = run("cpu", b)
+    assert_same(run("reference", b), cpu, what="reference")
+    assert_same(run("triton", b, kernel_device), cpu, what="triton")
+
+
+@pytest.mark.parametrize("layout", ["strided_columns", "transposed", "row_slice"])
+def test_non_contiguous_logits_agree(layout, kernel_device):
+    b = make_batch(11, "filters", B=4, k=2, V=21)
+    R, V = b.logits.shape
+    if layout == "strided_columns":
+        wide = torch.full((R, 2 * V), float("nan"))
+        wide[:, ::2] = b.logits
+        logits = wide[:, ::2]
+    elif layout == "transposed":
+        logits = b.logits.t().contiguous().t()
+    else:
+        wide = torch.full((R, V + 9), float("nan"))
+        wide[:, 3 : 3 + V] = b.logits
+        logits = wide[:, 3 : 3 + V]
+    assert not logits.is_contiguous()
+    nc = replace(b, logits=logits)
+    want = run("cpu", b)
+    assert_same(run("cpu", nc), want)
+    assert_same(run("triton", nc, kernel_device), want)
+
+
+def test_static_buffers_longer_than_needed_are_ignored(kernel_device):
+    b = make_batch(13, "probs", B=4, k=2, V=19)
+    N = b.drafts.shape[0]
+    padded = replace(
+        b,
+        logits=torch.cat([b.logits, torch.full((5, 19), float("nan"))]),
+        drafts=torch.cat([b.drafts, torch.full((3,), 2, dtype=torch.int32)]),
+        draft_probs=torch.cat([b.draft_probs[:N], torch.full((4, 19), float("nan"))]),
+    )
+    want = run("cpu", b)
+    assert_same(run("public", padded), want)
+    assert_same(run("triton", padded, kernel_device), want)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "filters", "probs"])
+def test_inputs_unchanged(mode, kernel_device):
+    b = make_batch(17, mode, B=3, k=2, V=13)
+    before = [None if t is None else t.clone() for t in b.tensors()]
+    run("public", b)
+    dev = [None if t is None else t.to(kernel_device) for t in b.tensors()]
+    triton_rej.rejection_sample(*dev, num_speculative_tokens=b.k, return_logprobs=True)
+    for t0, t1, t2 in zip(before, b.tensors(), dev, strict=True):
+        if t0 is not None:
+            assert torch.equal(t0, t1)
+            assert torch.equal(t0, t2.cpu())
+
+
+@pytest.mark.parametrize("poison", [-77, 12345])
+def test_kernel_writes_every_output_slot(poison, monkeypatch, kernel_device):
+    def poisoned(shape, dtype, device):
+        fill = float("nan") if dtype.is_floating_point else poison
+        return torch.full(shape, fill, dtype=dtype, device=device)
+
+    monkeypatch.setattr(triton_rej, "_empty", poisoned)
+    b = make_batch(19, "mixed", B=5, k=3, V=11)
+    assert_same(run("triton", b, kernel_device), run("cpu", b))
+
+
+def test_search_pivot_count_does_not_change_results(kernel_device):
+    """The threshold search is exact for any number of pivots per pass."""
+    b = make_batch(23, "ties", B=3, k=1, V=29)
+    want = run("cpu", b)
+    args = tuple(None if t is None else t.to(kernel_device) for t in b.tensors())
+    for pivots in (2, 16):
+        got = triton_rej.rejection_sample(
+            *args, num_speculative_tokens=b.k, return_logprobs=True, search_pivots=pivots
+        )
+        assert_same(tuple(o.cpu() for o in got), want, what=f"{pivots} pivots")
+
+
+def test_cpu_triton_token_agreement_rate(kernel_device):
+    """Tokens of the two paths over many random batches (uniforms are bit-identical, so
+    they can differ only at float-rounding CDF boundaries); the rate is printed."""
+    same = total = 0
+    for i, mode in enumerate(MODES[1:]):
+        b = make_batch(1000 + i, mode, B=8, k=3, V=33)
+        cpu, tri = run("cpu", b), run("triton", b, kernel_device)
+        emitted = torch.arange(b.k + 1)[None, :] < torch.maximum(cpu[1], tri[1])[:, None]
+        same += int(((cpu[0] == tri[0]) & emitted).sum())
+        total += int(emitted.sum())
+    rate = same / total
+    print(f"\nCPU/Triton token agreement: {same}/{total} = {rate:.4%}")
+    assert rate >= 0.99
+
+
+@settings(max_examples=30)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    mode=st.sampled_from(MODES),
+    B=st.integers(0, 5),
+    k=st.integers(0, 3),
+    V=st.integers(1, 24),
+)
+def test_cpu_matches_reference_hypothesis(seed, mode, B, k, V):
+    b = make_batch(seed, mode, B=B, k=k, V=V)
+    assert_same(run("cpu", b), run("reference", b))
+
+
+@settings(max_examples=8)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    mode=st.sampled_from(MODES),
+    B=st.integers(0, 3),
+    k=st.integers(0, 2),
+    V=st.integers(1, 20),
+)
+def test_triton_matches_cpu_hypothesis(seed, mode, B, k, V):
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    b = make_batch(seed, mode, B=B, k=k, V=V)
+    assert_same(run("triton", b, device), run("cpu", b))
+
+
+# ---------------------------------------------------------------- semantics
+
+
+def test_greedy_ties_take_the_lowest_id_and_nan_counts_as_neg_inf(kernel_device):
+    nan = float("nan")
+    rows = [
+        [nan, 1.0, 3.0, 3.0, nan],
+        [nan] * 5,
+        [-INF] * 5,
+        [INF, nan, INF, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 0.0, 0.0],
+    ]
+    b = Batch(
+        logits=torch.tensor(rows),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=cu_of([0] * 5),
+        k=0,
+    )
+    for impl in ("public", "triton", "reference"):
+        out = run(impl, b, kernel_device, logprobs=False)
+        assert out[0][:, 0].tolist() == [2, 0, 0, 0, 0], impl
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy (the interpreter) on inf - inf
+def test_non_finite_logits_never_yield_out_of_range_ids(kernel_device):
+    nan = float("nan")
+    V = 6
+    rows = torch.tensor(
+        [
+            [nan] * V,
+            [-INF] * V,
+            [INF, 0.0, nan, INF, -INF, 1.0],
+            [nan, -INF, 3.0, nan, 2.0, -INF],
+            [1e38, -1e38, 3e38, nan, 0.0, 0.0],
+        ]
+    )
+    n = rows.shape[0]
+    b = Batch(  # request i: verify row rows[i], bonus row rows[i - 1]
+        logits=torch.stack([rows, rows.roll(1, 0)], 1).reshape(2 * n, V),
+        drafts=torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32),
+        cu=cu_of([1] * n),
+        k=1,
+        temperature=torch.tensor([1.0, 0.5, 1.0, 2.0, 1e-3]),
+        top_k=torch.tensor([0, 2, 3, 0, 1], dtype=torch.int32),
+        top_p=torch.tensor([1.0, 0.5, 0.9, 1.0, 0.3]),
+        seeds=torch.arange(n, dtype=torch.int64),
+        offsets=torch.zeros(n, dtype=torch.int64),
+    )
+    outs = {impl: run(impl, b, kernel_device, logprobs=False) for impl in ("public", "triton")}
+    for impl, out in outs.items():
+        emitted = out[0][torch.arange(2)[None, :] < out[1][:, None]]
+        assert ((emitted >= 0) & (emitted < V)).all(), impl
+    assert_same(outs["triton"], outs["public"])
+    # +inf logits take all the mass: request 2 rejects its draft (a NaN logit, p = 0)
+    # and recovers one of the two +inf ids.
+    assert int(outs["public"][1][2]) == 1
+    assert int(outs["public"][0][2, 0]) in (0, 3)
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    n = 3000
+    row = torch.tensor([2.0, 0.0, 2.0, 2.0, 1.0, 0.0])
+    b = Batch(
+        logits=row.repeat(n, 1),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=cu_of([0] * n),
+        k=0,
+        temperature=torch.ones(n),
+        top_k=torch.full((n,), 2, dtype=torch.int32),
+        seeds=torch.arange(n, dtype=torch.int64),
+        offsets=torch.zeros(n, dtype=torch.int64),
+    )
+    got = torch.bincount(run("public", b)[0][:, 0].long(), minlength=6)
+    assert got[[1, 4, 5]].sum() == 0 and (got[[0, 2, 3]] > 800).all()
+
+
+def test_top_p_keeps_ties_and_the_token_that_crosses_the_mass():
+    n = 3000
+    row = torch.tensor([1.0, 1.0, 0.0, -1.0])  # p ~ [.39, .39, .15, .05]
+    b = Batch(
+        logits=row.repeat(2 * n, 1),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=cu_of([0] * (2 * n)),
+        k=0,
+        temperature=torch.ones(2 * n),
+        top_p=torch.tensor([0.1] * n + [0.8] * n),
+        seeds=torch.arange(2 * n, dtype=torch.int64),
+        offsets=torch.zeros(2 * n, dtype=torch.int64),
+    )
+    tok = run("public", b)[0][:, 0].long()
+    first = torch.bincount(tok[:n], minlength=4)  # mass above tokens 0/1 is 0 < 0.1
+    assert first[2:].sum() == 0 and (first[:2] > 1300).all()
+    second = torch.bincount(tok[n:], minlength=4)  # mass above token 2 is .79 < .8
+    assert second[3] == 0 and second[2] > 300
+
+
+def test_min_p_keeps_tokens_at_the_threshold():
+    n = 3000
+    row = torch.tensor([0.0, math.log(0.5), math.log(0.2), math.log(0.05)])
+    b = Batch(
+        logits=row.repeat(n, 1),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=cu_of([0] * n),
+        k=0,
+        temperature=torch.ones(n),
+        min_p=torch.full((n,), 0.1),
+        seeds=torch.arange(n, dtype=torch.int64),
+        offsets=torch.zeros(n, dtype=torch.int64),
+    )
+    got = torch.bincount(run("public", b)[0][:, 0].long(), minlength=4)
+    assert got[3] == 0 and (got[:3] > 200).all()
+
+
+def test_k_zero_is_a_plain_sampler(kernel_device):
+    b = make_batch(29, "filters", B=5, k=0, V=17)
+    assert b.drafts.numel() == 0
+    cpu = run("cpu", b)
+    assert cpu[0].shape == (5, 1) and cpu[1].tolist() == [1] * 5
+    assert_same(run("reference", b), cpu)
+    assert_same(run("triton", b, kernel_device), cpu)
+
+
+def test_request_randomness_does_not_depend_on_batch_row_or_neighbours(kernel_device):
+    base = make_batch(31, "filters", B=1, k=3, V=23)
+    base.cu = cu_of([3])
+    base.drafts = torch.tensor([1, 2, 3], dtype=torch.int32)
+    base.logits = torch.randn(4, 23, generator=torch.Generator().manual_seed(3))
+    base.logits[:, :4] += 3.0
+    base.temperature = torch.tensor([0.9])
+    other = make_batch(37, "filters", B=3, k=3, V=23)
+    # The same request, alone and as batch row 2 between two other requests.
+    N0 = int(other.cu[2])
+    mixed = Batch(
+        logits=torch.cat([other.logits[: N0 + 2], base.logits, other.logits[N0 + 2 :]]),
+        drafts=torch.cat([other.drafts[:N0], base.drafts, other.drafts[N0:]]),
+        cu=cu_of(
+            [
+                int(other.cu[1] - other.cu[0]),
+                int(other.cu[2] - other.cu[1]),
+                3,
+                int(other.cu[3] - other.cu[2]),
+            ]
+        ),
+        k=3,
+    )
+    for name in ("temperature", "top_k", "top_p", "min_p", "seeds", "offsets"):
+        o, s = getattr(other, name), getattr(base, name)
+        setattr(mixed, name, torch.cat([o[:2], s, o[2:]]))
+    for impl in ("public", "triton"):
+        alone = run(impl, base, kernel_device)
+        together = run(impl, mixed, kernel_device)
+        assert torch.equal(together[0][2], alone[0][0]), impl
+        assert int(together[1][2]) == int(alone[1][0]), impl
+
+
+def test_greedy_rows_ignore_sampling_parameters(kernel_device):
+    b = make_batch(41, "filters", B=4, k=2, V=15)
+    b.temperature = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    greedy = run("public", replace(b, temperature=None, top_k=None, top_p=None, min_p=None))
+    for impl in ("public", "triton"):
+        for top_k in (b.top_k, torch.ones(4, dtype=torch.int32)):
+            out = run(impl, replace(b, top_k=top_k), kernel_device)
+            for r in (0, 1, 3):
+                assert torch.equal(out[0][r], greedy[0][r]), impl
+
+
+def test_logprobs_are_log_softmax_of_raw_logits_at_emitted_tokens():
+    b = make_batch(43, "filters", B=5, k=3, V=19)
+    tokens, num, lp = run("public", b)
+    for r in range(5):
+        start = int(b.cu[r]) + r
+        for j in range(4):
+            if j < int(num[r]):
+                want = torch.log_softmax(b.logits[start + j], 0)[int(tokens[r, j])]
+                assert abs(float(lp[r, j]) - float(want)) < 1e-5
+            else:
+                assert float(lp[r, j]) == 0.0
+
+
+def test_sampling_offsets_is_the_first_query_position():
+    num_tokens = torch.tensor([5, 9, 1], dtype=torch.int32)
+    assert sampling_offsets(num_tokens).tolist() == [4, 8, 0]
+    req = torch.tensor([2, -1, 0], dtype=torch.int32)
+    out = sampling_offsets(num_tokens, req)
+    assert out.tolist() == [0, 0, 4] and out.dtype == torch.int64
+
+
+# ---------------------------------------------------------------- registration
+
+
+def _op_args(b: Batch, logprobs: bool):
+    return (*b.tensors(), b.k, logprobs)
+
+
+@pytest.mark.parametrize("mode,logprobs", [("greedy", False), ("filters", True), ("probs", True)])
+def test_opcheck(mode, logprobs):
+    b = make_batch(47, mode, B=3, k=2, V=9)
+    torch.library.opcheck(torch.ops.specdec.rejection_sample.default, _op_args(b, logprobs))
+
+
+def test_torch_op_returns_an_empty_logprobs_tensor_and_wrapper_none():
+    b = make_batch(53, "sampled", B=2, k=1, V=5)
+    out = torch.ops.specdec.rejection_sample(*_op_args(b, False))
+    assert out[2].shape == (0,) and out[2].dtype == torch.float32
+    assert run("public", b, logprobs=False)[2] is None
+
+
+def test_torch_op_requires_seeds_and_offsets_for_sampled_rows():
+    b = make_batch(59, "sampled", B=2, k=1, V=5)
+    with pytest.raises(ValueError, match="needs seeds and offsets"):
+        torch.ops.specdec.rejection_sample(*_op_args(replace(b, seeds=None), False))
+
+
+def test_torch_compile_fullgraph():
+    b = make_batch(61, "filters", B=3, k=2, V=12)
+
+    def step(logits, drafts, cu, temperature, top_k, top_p, min_p, seeds, offsets):
+        out = rejection_sample(
+            logits,
+            drafts,
+            cu,
+            num_speculative_tokens=2,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seeds=seeds,
+            offsets=offsets,
+            return_logprobs=True,
+        )
+        return out.output_token_ids, out.num_emitted, out.logprobs
+
+    args = (b.logits, b.drafts, b.cu, b.temperature, b.top_k, b.top_p, b.min_p, b.seeds, b.offsets)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    assert_same(compiled(*args), step(*args))
+
+
+def test_torch_compile_fullgraph_draws_seeds_on_device():
+    b = make_batch(67, "sampled", B=3, k=2, V=12)
+
+    def step(logits, drafts, cu, temperature):
+        out = rejection_sample(
+            logits, drafts, cu, num_speculative_tokens=2, temperature=temperature
+        )
+        return out.output_token_ids, out.num_emitted
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    tokens, num = compiled(b.logits, b.drafts, b.cu, b.temperature)
+    assert tokens.shape == (3, 3) and ((num >= 1) & (num <= 3)).all()
+
+
+def test_wrapper_draws_fresh_seeds_when_none_given():
+    n, V = 64, 1000
+    logits = torch.zeros(n, V)
+    kw = dict(num_speculative_tokens=0, temperature=torch.ones(n))
+    args = (logits, torch.zeros(0, dtype=torch.int32), torch.zeros(n + 1, dtype=torch.int32))
+    torch.manual_seed(0)
+    a = rejection_sample(*args, **kw).output_token_ids
+    b = rejection_sample(*args, **kw).output_token_ids
+    torch.manual_seed(0)
+    c = rejection_sample(*args, **kw).output_token_ids
+    assert not torch.equal(a, b)
+    assert torch.equal(a, c)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _good(**overrides):
+    b = make_batch(71, "filters", B=3, k=2, V=8)
+    kw = dict(
+        num_speculative_tokens=b.k,
+        temperature=b.temperature,
+        top_k=b.top_k,
+        top_p=b.top_p,
+        min_p=b.min_p,
+        seeds=b.seeds,
+        offsets=b.offsets,
+    )
+    args = {"target_logits": b.logits, "draft_token_ids": b.drafts, "cu_num_draft_tokens": b.cu}
+    for key, value in overrides.items():
+        if key in args:
+            args[key] = value
+        else:
+            kw[key] = value
+    return args, kw
+
+
+def _cu(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+BAD = [
+    ("target_logits", torch.zeros(3, 8, dtype=torch.int32), "target_logits must have dtype"),
+    ("target_logits", torch.zeros(20, 8, 1), "target_logits must be 2-D"),
+    ("target_logits", torch.zeros(2, 8), "at least len\\(draft_token_ids\\) \\+ B"),
+    ("target_logits", torch.zeros(20, 0), "vocabulary of at least 1"),
+    ("draft_token_ids", torch.zeros(4, dtype=torch.int64), "draft_token_ids must have dtype"),
+    ("cu_num_draft_tokens", torch.zeros(0, dtype=torch.int32), "shape \\(B \\+ 1,\\)"),
+    ("cu_num_draft_tokens", torch.zeros(4, dtype=torch.int64), "cu_num_draft_tokens must have"),
+    ("cu_num_draft_tokens", _cu(1, 1, 2, 3), "cu_num_draft_tokens\\[0\\] must be 0"),
+    ("cu_num_draft_tokens", _cu(0, 2, 1, 1), "non-decreasing"),
+    ("cu_num_draft_tokens", _cu(0, 3, 3, 3), "<= num_speculative_tokens = 2"),
+    ("num_speculative_tokens", -1, "num_speculative_tokens must be >= 0"),
+    ("num_speculative_tokens", 1.0, "num_speculative_tokens must be a Python int"),
+    ("draft_probs", torch.zeros(0, 8), "draft_probs must have shape"),
+    ("draft_probs", torch.zeros(20, 7), "draft_probs must have shape"),
+    ("draft_probs", torch.zeros(20, 8, dtype=torch.int32), "draft_probs must have dtype"),
+    ("temperature", torch.ones(2), "temperature must have shape \\(3,\\)"),
+    ("temperature", torch.ones(3, dtype=torch.float64), "temperature must have dtype"),
+    ("temperature", torch.tensor([1.0, -0.5, 1.0]), "temperature must be finite and >= 0"),
+    ("temperature", torch.tensor([1.0, float("nan"), 1.0]), "temperature must be finite"),
+    ("top_k", torch.tensor([1, -1, 0], dtype=torch.int32), "top_k must be >= 0"),
+    ("top_k", torch.ones(3), "top_k must have dtype"),
+    ("top_p", torch.tensor([0.5, 0.0, 1.0]), "top_p must be in \\(0, 1\\]"),
+    ("top_p", torch.tensor([0.5, 1.5, 1.0]), "top_p must be in \\(0, 1\\]"),
+    ("min_p", torch.tensor([0.5, -0.1, 1.0]), "min_p must be in \\[0, 1\\]"),
+    ("min_p", torch.tensor([0.5, 1.1, 1.0]), "min_p must be in \\[0, 1\\]"),
+    ("seeds", torch.ones(3, dtype=torch.int32), "seeds must have dtype int64"),
+    ("offsets", torch.ones(4, dtype=torch.int64), "offsets must have shape \\(3,\\)"),
+]
+
+
+@pytest.mark.parametrize("name,value,match", BAD, ids=[f"{n}-{m[:24]}" for n, _, m in BAD])
+def test_bad_input_raises_value_error(name, value, match):
+    args, kw = _good(**{name: value})
+    with pytest.raises(ValueError, match=match):
+        rejection_sample(*args.values(), **kw)
+
+
+def test_cu_past_the_draft_buffer_raises():
+    args, kw = _good()
+    args["cu_num_draft_tokens"] = _cu(0, 2, 4, 60)
+    kw["num_speculative_tokens"] = 60
+    args["target_logits"] = torch.zeros(80, 8)
+    with pytest.raises(ValueError, match="cu_num_draft_tokens\\[B\\] must be <="):
+        rejection_sample(*args.values(), **kw)
+
+
+def test_value_checks_can_be_turned_off():
+    args, kw = _good(top_p=torch.tensor([0.5, 1.5, 1.0]))
+    out = rejection_sample(*args.values(), validate=False, **kw)
+    assert out.output_token_ids.shape == (3, 3)
+
+
+def test_device_mismatch_raises():
+    args, kw = _good(temperature=torch.ones(3, device="meta"))
+    with pytest.raises(ValueError, match="temperature must be on cpu"):
+        rejection_sample(*args.values(), **kw)
