@@ -814,3 +814,101 @@ def test_device_mismatch_raises():
     args, kw = _good(temperature=torch.ones(3, device="meta"))
     with pytest.raises(ValueError, match="temperature must be on cpu"):
         rejection_sample(*args.values(), **kw)
+
+
+# ---------------------------------------------------------------- GPU (bench/gpu_check.sh)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["sampled", "probs", "filters"])
+def test_gpu_large_vocab_tokens_agree_with_cpu_path(mode):
+    """Real vocabulary, bf16 logits: the GPU's approximate exp moves CDF boundaries by float
+    rounding only, so almost every token agrees with the CPU path; the rate is printed."""
+    b = make_batch(5, mode, B=64, k=3, V=151_936, dtype=torch.bfloat16)
+    cpu = run("cpu", b)
+    gpu = run("triton", b, torch.device("cuda"))
+    emitted = torch.arange(b.k + 1)[None, :] < torch.maximum(cpu[1], gpu[1])[:, None]
+    same, total = int(((cpu[0] == gpu[0]) & emitted).sum()), int(emitted.sum())
+    print(f"\nGPU/CPU token agreement ({mode}, V=151936): {same}/{total} = {same / total:.4%}")
+    assert same / total >= 0.95
+    torch.testing.assert_close(gpu[2], cpu[2], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampled", [False, True])
+def test_gpu_rows_past_2_31_elements_use_int64_offsets(sampled):
+    V, B, k = 262_144, 2100, 3  # 8400 rows x 262144 > 2**31 elements
+    rows = B * (k + 1)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    logits = torch.randn(rows, V, device="cuda", dtype=torch.bfloat16, generator=g)
+    spike = torch.randint(0, V, (rows,), device="cuda", generator=g)
+    logits[torch.arange(rows, device="cuda"), spike] = 100.0  # a unique, certain maximum
+    per_request = spike.view(B, k + 1)
+    drafts = per_request[:, :k].reshape(-1).int().contiguous()
+    cu = torch.arange(0, k * B + 1, k, dtype=torch.int32, device="cuda")
+    kw = {}
+    if sampled:
+        kw = dict(
+            temperature=torch.ones(B, device="cuda"),
+            top_k=torch.full((B,), 5, dtype=torch.int32, device="cuda"),
+            top_p=torch.full((B,), 0.5, device="cuda"),
+            seeds=torch.arange(B, device="cuda"),
+            offsets=torch.zeros(B, dtype=torch.int64, device="cuda"),
+        )
+    out = rejection_sample(logits, drafts, cu, num_speculative_tokens=k, **kw)
+    assert torch.equal(out.output_token_ids, per_request.int())
+    assert (out.num_emitted == k + 1).all()
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_and_replay():
+    b = make_batch(9, "filters", B=16, k=3, V=4096)
+    dev = {
+        name: None if t is None else t.cuda()
+        for name, t in zip(
+            (
+                "logits",
+                "drafts",
+                "cu",
+                "draft_probs",
+                "temperature",
+                "top_k",
+                "top_p",
+                "min_p",
+                "seeds",
+                "offsets",
+            ),
+            b.tensors(),
+            strict=True,
+        )
+    }
+
+    def step():
+        return rejection_sample(
+            dev["logits"],
+            dev["drafts"],
+            dev["cu"],
+            num_speculative_tokens=b.k,
+            temperature=dev["temperature"],
+            top_k=dev["top_k"],
+            top_p=dev["top_p"],
+            min_p=dev["min_p"],
+            seeds=dev["seeds"],
+            offsets=dev["offsets"],
+            return_logprobs=True,
+        )
+
+    eager = step()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up (compiles the kernels) outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, c in zip(eager, captured, strict=True):
+        assert torch.equal(a, c)

@@ -253,7 +253,9 @@ def _rejection_rows_kernel(
                 q_x = 1.0
                 if HAS_PROBS:
                     q_x = tl.load(
-                        probs_ptr + (start + j) * stride_pr + xs * stride_pv, mask=valid, other=0.0
+                        probs_ptr + (start + j) * stride_pr + xs.to(tl.int64) * stride_pv,
+                        mask=valid,
+                        other=0.0,
                     ).to(tl.float32)
                 acc = valid & (q_x > 0.0)
                 if acc:
