@@ -34,16 +34,30 @@ class RejectionOutput(NamedTuple):
     past ``num_emitted[b]``; ``None`` unless ``return_logprobs=True``."""
 
 
-def sampling_offsets(num_tokens: torch.Tensor, req_indices: torch.Tensor | None = None):
+def sampling_offsets(
+    num_tokens: torch.Tensor, req_indices: torch.Tensor | None = None
+) -> torch.Tensor:
     """The ``offsets`` an engine passes: the position of each request's first query token.
 
     At a step boundary a request in decode with ``L = num_tokens[r]`` tokens has its last
     token at position ``L - 1``, which is the first query token of the verify step, so
-    ``offsets[b] = num_tokens[req_indices[b]] - 1`` (int64 ``[B]``; padding rows,
-    ``req_indices[b] = -1``, get 0). The step then uses the Philox counters
-    ``offsets[b] .. offsets[b] + num_emitted[b] - 1`` and the next step starts right after
-    them, so no counter of a request is ever used twice and its randomness does not depend
-    on its batch row or on the other requests.
+    ``offsets[b] = num_tokens[req_indices[b]] - 1``. The step then uses the Philox
+    counters ``offsets[b] .. offsets[b] + num_emitted[b] - 1`` and the next step starts
+    right after them, so no counter of a request is ever used twice and its randomness
+    does not depend on its batch row or on the other requests. No host synchronisation.
+
+    Parameters
+    ----------
+    num_tokens : torch.Tensor
+        int32 or int64 ``[R]``, tokens (prompt + committed output) of each state row.
+    req_indices : torch.Tensor, optional
+        int32 ``[B]``, the state row of each batch row; -1 marks a padding row (offset 0).
+        Default ``arange(R)``.
+
+    Returns
+    -------
+    torch.Tensor
+        int64 ``[B]``, on the device of ``num_tokens``.
     """
     if req_indices is None:
         return num_tokens.to(torch.int64) - 1
@@ -188,8 +202,8 @@ def rejection_sample(
     - In fp32 the rules act on the weights ``e = exp(z - max z)`` (``z = logits / T``,
       NaN read as ``-inf``, ``e = 1`` at the maximum): the filters keep ``{e >= t}`` for
       one threshold ``t`` (min-p: ``e >= min_p``), ``p = w / sum(w)`` with ``w`` the kept
-      weights. Rows whose logits are all ``-inf``/NaN are uniform over their non-NaN
-      tokens; ``+inf`` logits share all the mass.
+      weights. A row whose logits are all ``-inf``/NaN is uniform over the vocabulary;
+      ``+inf`` logits share all the mass. Log-probabilities of such rows are not finite.
     - Randomness: Philox4x32-10 (Salmon et al., 2011) keyed by ``seeds[b]``; the
       acceptance uniform of row ``j`` uses counter ``(offsets[b] + j, stream 0)``, its
       sampling uniform ``(offsets[b] + j, stream 1)``; the 64-bit counter value fills
