@@ -423,6 +423,23 @@ def test_search_pivot_count_does_not_change_results(kernel_device):
         assert_same(tuple(o.cpu() for o in got), want, what=f"{pivots} pivots")
 
 
+@pytest.mark.parametrize("pivots", [None, 16])
+def test_multi_block_vocabulary_agrees(pivots, kernel_device):
+    """V = 2500: several streaming blocks (running max, cumsum carry) and search blocks
+    (some skipped once the search interval is narrow)."""
+    b = make_batch(27, "filters", B=3, k=1, V=2500)
+    b.top_k = torch.tensor([0, 40, 3], dtype=torch.int32)
+    b.top_p = torch.tensor([0.6, 1.0, 0.9])
+    b.temperature = torch.tensor([1.3, 0.8, 1.0])
+    want = run("cpu", b)
+    assert_same(run("reference", b), want)
+    args = tuple(None if t is None else t.to(kernel_device) for t in b.tensors())
+    got = triton_rej.rejection_sample(
+        *args, num_speculative_tokens=b.k, return_logprobs=True, search_pivots=pivots
+    )
+    assert_same(tuple(o.cpu() for o in got), want)
+
+
 def test_cpu_triton_token_agreement_rate(kernel_device):
     """Tokens of the two paths over many random batches (uniforms are bit-identical, so
     they can differ only at float-rounding CDF boundaries); the rate is printed."""

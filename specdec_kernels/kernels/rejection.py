@@ -26,8 +26,10 @@ int32 bit patterns, so ``t`` is the smallest bit pattern with ``F(t) < threshold
 bit pattern ``> t``. ``F`` is non-increasing, so a search over the integer range
 ``[lo, bits(1.0)]`` with ``NPIV`` pivots per pass over the vocabulary finds it exactly
 (about 8 passes for 16 pivots, each also summing the weights above every pivot, so the
-kept mass comes for free); it reproduces the tie-inclusive definition exactly (top-k
-keeps every token tied with the k-th largest weight).
+kept mass comes for free; blocks with no weight left inside the search interval skip the
+comparisons, so later passes cost about a read of the row). It reproduces the
+tie-inclusive definition exactly (top-k keeps every token tied with the k-th largest
+weight).
 """
 
 from __future__ import annotations
@@ -99,30 +101,43 @@ def _search_threshold(
     ``F(t)`` is the number (``USE_SUM=False``) or the sum (``True``) of the weights with
     bit pattern ``> t``; ``F(bits(1.0)) = 0 < thresh`` by the caller's choice of
     ``thresh > 0``. ``s_lo`` is the kept sum at the initial ``lo``. Invariants: the answer
-    lies in ``[lo, hi]``; ``s_lo`` is the sum of the weights ``>= lo``. Each pass tests
-    ``NPIV`` pivots and shrinks ``hi - lo`` by a factor ``NPIV``.
+    lies in ``[lo, hi]``; ``s_lo`` is the sum of the weights ``>= lo``; ``count_hi`` and
+    ``above_hi`` are the number and the sum of the weights ``> hi``. Each pass tests
+    ``NPIV`` pivots in ``[lo, hi]`` and shrinks ``hi - lo`` by a factor ``NPIV``. Only
+    weights in ``(lo, hi]`` can fall between pivots, so a block without any skips the
+    pivot comparisons: after the first passes most blocks do, and a pass costs little
+    more than reading the row.
     """
     hi = lo * 0 + 0x3F800000
+    count_hi = 0.0
+    above_hi = 0.0
     piv_i = tl.arange(0, NPIV)
     while lo < hi:
         step = (hi - lo + NPIV - 1) // NPIV
         piv = tl.minimum(lo + piv_i * step, hi)
-        above = tl.zeros([NPIV], dtype=tl.float32)  # sum of the weights > pivot
-        count = tl.zeros([NPIV], dtype=tl.float32)  # their number (exact: V < 2**24)
+        above = tl.zeros([NPIV], dtype=tl.float32) + above_hi  # sum of the weights > pivot
+        count = tl.zeros([NPIV], dtype=tl.float32) + count_hi  # their number (V < 2**24)
         for s in range(0, V, BLOCK):
             offs = s + tl.arange(0, BLOCK)
             e = _weights(row_ptr, offs, V, stride_v, T, m_z)
-            gt = e.to(tl.int32, bitcast=True)[:, None] > piv[None, :]
-            above += tl.sum(tl.where(gt, e[:, None], 0.0), axis=0)
-            if not USE_SUM:
-                count += tl.sum(gt.to(tl.float32), axis=0)
+            eb = e.to(tl.int32, bitcast=True)
+            inside = (eb > lo) & (eb <= hi)
+            if tl.max(inside.to(tl.int32), axis=0) > 0:
+                gt = (eb[:, None] > piv[None, :]) & inside[:, None]
+                above += tl.sum(tl.where(gt, e[:, None], 0.0), axis=0)
+                if not USE_SUM:
+                    count += tl.sum(gt.to(tl.float32), axis=0)
         if USE_SUM:
             ok = above < thresh
         else:
             ok = count < thresh
-        # Pivots that fail are distinct (only hi, which passes, can repeat).
+        # Pivots below hi are distinct (only hi, which passes, can repeat).
         fail = tl.max(tl.where(ok, -1, piv), axis=0)
-        hi = tl.min(tl.where(ok, piv, hi), axis=0)
+        new_hi = tl.min(tl.where(ok, piv, hi), axis=0)
+        if new_hi < hi:
+            count_hi = tl.sum(tl.where(piv == new_hi, count, 0.0), axis=0)
+            above_hi = tl.sum(tl.where(piv == new_hi, above, 0.0), axis=0)
+            hi = new_hi
         if fail >= 0:
             s_lo = tl.sum(tl.where(piv == fail, above, 0.0), axis=0)
             lo = fail + 1
