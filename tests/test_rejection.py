@@ -595,6 +595,20 @@ def test_min_p_keeps_tokens_at_the_threshold():
     assert got[3] == 0 and (got[:3] > 200).all()
 
 
+def test_inverse_cdf_never_picks_a_zero_mass_token():
+    mass = torch.tensor([[0.0, 0.0, 0.5, 0.0, 0.5]] * 3 + [[0.0] * 5])
+    total = torch.tensor([1.0, 1.0, 2.0, 0.0])  # row 2: total above the running mass
+    u = torch.tensor([0.0, 0.5, 1.0 - 2**-24, 0.3])
+    got = cpu_rej.inverse_cdf(mass, total, u).tolist()
+    assert got == [2, 4, 4, -1]  # u = 0: first positive id; rounding: last positive id
+
+
+def test_top_k_accepts_int64():
+    b = make_batch(73, "top_k", B=4, k=2, V=10)
+    want = run("public", b)
+    assert_same(run("public", replace(b, top_k=b.top_k.long())), want)
+
+
 def test_k_zero_is_a_plain_sampler(kernel_device):
     b = make_batch(29, "filters", B=5, k=0, V=17)
     assert b.drafts.numel() == 0
