@@ -68,6 +68,7 @@ def run(argv=None) -> Path:
 
     t_start = time.perf_counter()
     load_before = harness.load_average()
+    psi_before = harness.cpu_pressure()
     info = harness.machine_info()
     copy_bw = harness.cpu_copy_bandwidth()
     print(f"host copy bandwidth {copy_bw:.1f} GB/s; load average {load_before}", flush=True)
@@ -119,10 +120,14 @@ def run(argv=None) -> Path:
         f"| threads used | {args.threads} (torch and numba) |",
         f"| host copy bandwidth | {copy_bw:.1f} GB/s (`dst.copy_(src)`, 256 MiB, read + write) |",
         f"| load average (1, 5, 15 min) | before {load_before}; after {load_after} |",
+        f"| CPU pressure (`/proc/pressure/cpu`, some) | before {psi_before}; after "
+        f"{harness.cpu_pressure()} |",
         "",
         "Method: every case is checked first (outputs compared with every baseline; the check",
-        "is in the notes), then each implementation is timed call by call (`perf_counter_ns`,",
-        f"2 warm-up calls, at least 5 timed calls and {args.budget} s of them). Median, IQR",
+        "is in the notes), then its implementations are timed call by call, round robin",
+        "(`perf_counter_ns`; op, baseline, op, baseline, ...; so load changes hit all of them",
+        f"alike), 2 warm-up calls each, at least 5 timed calls each and {args.budget} s per",
+        "implementation in all. Median, IQR",
         "(25th-75th percentile) and min-max of the per-call times; `speedup vs X` = X's",
         "median / the op's median (> 1: the library op is faster). GB/s = the bytes the op",
         "must move (each input read once, each output written once; see each section) /",
@@ -132,6 +137,7 @@ def run(argv=None) -> Path:
         f"Token histories: {data.stream_description()}.",
         "",
     ]
+    lines += _key_numbers(all_results)
     if plotted:
         lines += [f"![latency plots]({png_path.name})", ""]
     for fam, mod, results, notes in sections:
@@ -140,6 +146,35 @@ def run(argv=None) -> Path:
     print(f"wrote {md_path}" + (f" and {png_path}" if plotted else ""))
     print(f"whole run {elapsed:.0f} s")
     return md_path
+
+
+def _key_numbers(results) -> list[str]:
+    """The numbers the README quotes, computed from this run."""
+    from bench.harness import speedup
+
+    lines = ["## Key numbers", ""]
+    for k in (4, 8):
+        wall = speedup(results, "ngram_propose", "numba", B=64, L=8192, k=k)
+        cpu = speedup(results, "ngram_propose", "numba", cpu=True, B=64, L=8192, k=k)
+        if wall == wall:  # not NaN
+            lines.append(
+                f"- `ngram_propose` CPU path vs numba KMP at B = 64, 8k-token histories, "
+                f"k = {k}: **{wall:.2f}×** (median wall time; {cpu:.2f}× by CPU time)."
+            )
+    for mode in ("greedy", "onehot", "probs"):
+        vals = [
+            speedup(results, "rejection_sample", "torch", B=b, V=v, mode=mode, dtype=d)
+            for b in (8, 64)
+            for v in (32000, 151936)
+            for d in ("fp32", "bf16")
+        ]
+        vals = [v for v in vals if v == v]
+        if vals:
+            lines.append(
+                f"- `rejection_sample` {mode} vs plain torch: {min(vals):.2f}× – "
+                f"{max(vals):.2f}× over B, V and dtype."
+            )
+    return lines + [""] if len(lines) > 2 else []
 
 
 class _Prechecked:

@@ -41,7 +41,12 @@ class Case:
 
 @dataclasses.dataclass
 class Timing:
-    samples_us: np.ndarray
+    samples_us: np.ndarray  # wall time per call
+    cpu_us: np.ndarray | None = None  # process CPU time per call (all threads)
+
+    @property
+    def cpu_median(self) -> float:
+        return float("nan") if self.cpu_us is None else float(np.median(self.cpu_us))
 
     @property
     def median(self) -> float:
@@ -114,19 +119,61 @@ def measure(
     return Timing(np.asarray(samples, dtype=np.float64) / 1e3)
 
 
+def measure_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    setup: Callable[[], None] | None = None,
+    budget_s: float = 0.5,
+    min_rounds: int = 5,
+    max_rounds: int = 2000,
+    warmup: int = 2,
+) -> dict[str, Timing]:
+    """Time several implementations call by call, round robin (A, B, C, A, B, C, ...).
+
+    On a shared machine the load changes from second to second; interleaving exposes
+    every implementation to the same interference, so their ratio stays meaningful even
+    when the absolute times drift. Stops when every implementation has ``min_rounds`` and
+    ``budget_s`` per implementation has been spent in all (or at ``max_rounds``).
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            if setup is not None:
+                setup()
+            fn()
+    samples: dict[str, list[int]] = {name: [] for name in fns}
+    cpu: dict[str, list[int]] = {name: [] for name in fns}
+    spent = 0
+    budget_ns = budget_s * 1e9 * len(fns)
+    rounds = 0
+    while rounds < max_rounds and (rounds < min_rounds or spent < budget_ns):
+        for name, fn in fns.items():
+            if setup is not None:
+                setup()
+            c0 = time.process_time_ns()
+            t0 = time.perf_counter_ns()
+            fn()
+            dt = time.perf_counter_ns() - t0
+            cpu[name].append(time.process_time_ns() - c0)
+            samples[name].append(dt)
+            spent += dt
+        rounds += 1
+    return {
+        n: Timing(np.asarray(v, dtype=np.float64) / 1e3, np.asarray(cpu[n], dtype=np.float64) / 1e3)
+        for n, v in samples.items()
+    }
+
+
 def run_cases(
     cases: Iterable[Case], *, budget_s: float = 0.5, log: Callable[[str], None] | None = print
 ) -> list[Result]:
-    """Check, then time every implementation of every case."""
+    """Check, then time every implementation of every case (interleaved)."""
     results = []
     for case in cases:
         note = case.check()
-        for name, fn in case.impls.items():
-            if name in case.untimed:
-                continue
-            timing = measure(fn, setup=case.setup, budget_s=budget_s)
-            res = Result(case.op, case.spec, name, timing, case.bytes_moved, note)
-            results.append(res)
+        fns = {n: fn for n, fn in case.impls.items() if n not in case.untimed}
+        timings = measure_interleaved(fns, setup=case.setup, budget_s=budget_s)
+        for name, timing in timings.items():
+            results.append(Result(case.op, case.spec, name, timing, case.bytes_moved, note))
             if log is not None:
                 log(
                     f"  {case.op:24s} {case.label:42s} {name:10s} "
@@ -187,10 +234,22 @@ def load_average() -> str:
         return "n/a"
 
 
+def cpu_pressure() -> str:
+    """Linux PSI: share of time runnable tasks waited for a CPU (avg10/avg60), or n/a."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            fields = dict(kv.split("=") for kv in f.readline().split()[1:])
+        return f"{fields['avg10']}% (10 s), {fields['avg60']}% (60 s)"
+    except (OSError, KeyError, ValueError):
+        return "n/a"
+
+
 # ----------------------------------------------------------------------------- reporting
 
 
 def _fmt_us(x: float) -> str:
+    if math.isnan(x):
+        return "—"
     if x >= 1e5:
         return f"{x / 1e3:,.0f} ms"
     if x >= 1e3:
@@ -213,7 +272,7 @@ def results_table(results: list[Result], *, baselines: list[str]) -> str:
     by_case: dict[tuple, dict[str, Result]] = {}
     for r in results:
         by_case.setdefault((r.op, tuple(r.spec.items())), {})[r.impl] = r
-    head = ["case", "impl", "median", "IQR", "min – max", "rounds", "GB/s"]
+    head = ["case", "impl", "median", "IQR", "min – max", "CPU time", "rounds", "GB/s"]
     head += [f"speedup vs {b}" for b in baselines]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     several_ops = len({op for op, _ in by_case}) > 1
@@ -230,12 +289,17 @@ def results_table(results: list[Result], *, baselines: list[str]) -> str:
                 _fmt_us(t.median),
                 f"{_fmt_us(t.q25)} – {_fmt_us(t.q75)}",
                 f"{_fmt_us(t.min)} – {_fmt_us(t.max)}",
+                _fmt_us(t.cpu_median),
                 str(t.rounds),
                 f"{r.gbps:.2f}",
             ]
             for b in baselines:
                 if name == OP and b in impls and op_res is not None:
-                    row.append(_fmt_speed(impls[b].timing.median / op_res.timing.median))
+                    bt, ot = impls[b].timing, op_res.timing
+                    row.append(
+                        f"{_fmt_speed(bt.median / ot.median)} "
+                        f"(CPU {_fmt_speed(bt.cpu_median / ot.cpu_median)})"
+                    )
                 else:
                     row.append("")
             lines.append("| " + " | ".join(row) + " |")
@@ -243,12 +307,13 @@ def results_table(results: list[Result], *, baselines: list[str]) -> str:
     return "\n".join(lines)
 
 
-def speedup(results: list[Result], op: str, baseline: str, **spec) -> float:
-    """Baseline median / op median at the case whose spec contains ``spec``."""
+def speedup(results: list[Result], op: str, baseline: str, *, cpu: bool = False, **spec) -> float:
+    """Baseline median / op median (wall, or CPU time) at the cases matching ``spec``."""
     med = {}
     for r in results:
         if r.op == op and all(r.spec.get(k) == v for k, v in spec.items()):
-            med.setdefault(r.impl, []).append(r.timing.median)
+            t = r.timing
+            med.setdefault(r.impl, []).append(t.cpu_median if cpu else t.median)
     if OP not in med or baseline not in med:
         return float("nan")
     return statistics.median(med[baseline]) / statistics.median(med[OP])

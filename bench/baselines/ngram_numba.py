@@ -23,9 +23,9 @@ import os
 import numba
 import numpy as np
 
-# numba's default OpenMP layer and torch's own OpenMP runtime both spin-wait on the same
-# cores; the work-queue layer sleeps when idle, so the two libraries do not starve each
-# other inside one process. NUMBA_THREADING_LAYER overrides this.
+# numba's OpenMP layer can bring a second OpenMP runtime into a process that already has
+# torch's, two thread pools competing for the same cores; the work-queue layer is numba's
+# own pool. NUMBA_THREADING_LAYER overrides this choice.
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
 
@@ -71,8 +71,7 @@ def _propose_row(seq, length, min_n, max_n, tie_last, cap, out):
     return m
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def _propose_batch(token_ids, num_tokens, rows, caps, min_n, max_n, k, max_model_len, tie_last):
+def _propose_batch_py(token_ids, num_tokens, rows, caps, min_n, max_n, k, max_model_len, tie_last):
     B = rows.shape[0]
     drafts = np.full((B, k), -1, dtype=np.int32)
     counts = np.zeros(B, dtype=np.int32)
@@ -86,6 +85,13 @@ def _propose_batch(token_ids, num_tokens, rows, caps, min_n, max_n, k, max_model
             cap = min(cap, max_model_len - length)
         counts[b] = _propose_row(token_ids[r], length, min_n, max_n, tie_last, cap, drafts[b])
     return drafts, counts
+
+
+_OPTS = {"cache": True, "nogil": True, "boundscheck": False}
+# Parallel over requests; the serial build (same code, prange runs as range) is used when
+# numba is limited to one thread, so no worker threads run beside the timed thread.
+_propose_batch_parallel = numba.njit(parallel=True, **_OPTS)(_propose_batch_py)
+_propose_batch_serial = numba.njit(parallel=False, **_OPTS)(_propose_batch_py)
 
 
 def ngram_propose_numba(
@@ -111,7 +117,8 @@ def ngram_propose_numba(
         if max_draft_tokens is None
         else max_draft_tokens
     )
-    return _propose_batch(
+    batch_fn = _propose_batch_parallel if numba.get_num_threads() > 1 else _propose_batch_serial
+    return batch_fn(
         token_ids,
         num_tokens,
         rows,
