@@ -609,6 +609,20 @@ def test_top_k_accepts_int64():
     assert_same(run("public", replace(b, top_k=b.top_k.long())), want)
 
 
+def test_empty_draft_buffers_with_draft_probs(kernel_device):
+    b = make_batch(79, "sampled", B=3, k=2, V=9)
+    b = replace(
+        b,
+        logits=b.logits[:3],
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=torch.zeros(4, dtype=torch.int32),
+        draft_probs=torch.zeros(0, 9),
+    )
+    want = run("public", replace(b, draft_probs=None))
+    for impl in ("public", "triton", "reference"):
+        assert_same(run(impl, b, kernel_device), want, what=impl)
+
+
 def test_k_zero_is_a_plain_sampler(kernel_device):
     b = make_batch(29, "filters", B=5, k=0, V=17)
     assert b.drafts.numel() == 0

@@ -103,6 +103,8 @@ def rejection_sample(
     logprobs = torch.zeros((B, K1) if return_logprobs else (0,), dtype=torch.float32)
     if B == 0:
         return out, num_emitted, logprobs
+    if draft_probs is not None and draft_probs.shape[0] == 0:
+        draft_probs = None  # then there are no draft rows (N <= len(drafts) <= 0)
 
     cu = cu_num_draft_tokens.long()
     start = cu[:-1]

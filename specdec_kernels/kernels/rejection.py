@@ -419,6 +419,8 @@ def rejection_sample(
     dummy = cu_num_draft_tokens  # never read when the matching HAS_* flag is False
     # An empty draft buffer is never read (k_b = 0 everywhere) but needs a valid pointer.
     drafts = draft_token_ids if draft_token_ids.numel() else dummy
+    if draft_probs is not None and draft_probs.numel() == 0:
+        draft_probs = None  # no draft rows at all (N = 0); an empty tensor has no pointer
     probs = draft_probs if draft_probs is not None else target_logits
     _rejection_rows_kernel[(B, K1)](
         logits_ptr=target_logits,
