@@ -56,6 +56,22 @@ for tie_last in (False, True):
 print("compiled")
 """
 
+_REJECTION = r"""
+from specdec_kernels.kernels import rejection as K
+f32 = {"temp_ptr": "*fp32", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "seeds_ptr": "*i64",
+       "offsets_ptr": "*i64", "row_lp_ptr": "*fp32"}
+for logits, flags in (("*fp32", (False,) * 6), ("*bf16", (True,) * 6),
+                      ("*fp16", (True, True, False, True, False, False))):
+    probs, temp, top_k, top_p, min_p, logprobs = flags
+    build(K._rejection_rows_kernel,
+          dict(HAS_PROBS=probs, HAS_TEMP=temp, HAS_TOP_K=top_k, HAS_TOP_P=top_p,
+               HAS_MIN_P=min_p, LOGPROBS=logprobs, BLOCK=1024, SEARCH_BLOCK=128, NPIV=16),
+          dict(f32, logits_ptr=logits, probs_ptr=logits))
+    build(K._rejection_finalize_kernel, dict(LOGPROBS=logprobs, K1_BLOCK=8),
+          {"row_lp_ptr": "*fp32", "logprobs_ptr": "*fp32"})
+print("compiled")
+"""
+
 
 def compile_for_gpu(script: str) -> None:
     """Run ``_PRELUDE + script`` in a subprocess without the interpreter; skip if unsupported."""
@@ -75,3 +91,8 @@ def compile_for_gpu(script: str) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
 def test_ngram_kernels_compile_for_the_gpu():
     compile_for_gpu(_NGRAM)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
+def test_rejection_kernels_compile_for_the_gpu():
+    compile_for_gpu(_REJECTION)
