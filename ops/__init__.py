@@ -12,7 +12,7 @@ from specdec_kernels.ops.bookkeeping import (
     prepare_verify_inputs,
 )
 from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
-from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample
+from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample, sampling_offsets
 
 __all__ = [
     "CommitResult",
@@ -24,4 +24,5 @@ __all__ = [
     "ngram_propose",
     "prepare_verify_inputs",
     "rejection_sample",
+    "sampling_offsets",
 ]
