@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     p.add_argument(
-        "--max-tokens", type=int, default=64, help="new tokens per prompt at most (default 64)"
+        "--max-tokens", type=int, default=96, help="new tokens per prompt at most (default 96)"
     )
     p.add_argument(
         "--max-model-len",
