@@ -143,7 +143,8 @@ def run(argv=None) -> Path:
     for fam, mod, results, notes in sections:
         lines += _section(fam, mod, results, notes)
     md_path.write_text("\n".join(lines) + "\n")
-    print(f"wrote {md_path}" + (f" and {png_path}" if plotted else ""))
+    harness.save_results(all_results, md_path.with_suffix(".json"))
+    print(f"wrote {md_path}, its .json" + (f" and {png_path}" if plotted else ""))
     print(f"whole run {elapsed:.0f} s")
     return md_path
 

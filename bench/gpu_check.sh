@@ -49,7 +49,7 @@ stage() {  # stage NAME TIMEOUT CMD...
 stage gpu-tests "${GPU_TESTS_TIMEOUT:-60}" \
     "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
 stage kernel-tests "${KERNEL_TESTS_TIMEOUT:-120}" \
-    "$PY" -m pytest -m "not slow and not model and not gpu" -q -x -p no:cacheprovider "${XDIST[@]}" tests
+    "$PY" -m pytest -m "not slow and not model and not gpu" -q -x -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} tests
 stage timings "${BENCH_TIMEOUT:-100}" \
     "$PY" -m bench.gpu "$@"
 

@@ -234,6 +234,56 @@ def load_average() -> str:
         return "n/a"
 
 
+@dataclasses.dataclass
+class TimingSummary:
+    """The statistics of a :class:`Timing`, as saved in a results ``.json`` file."""
+
+    median: float
+    q25: float
+    q75: float
+    min: float
+    max: float
+    cpu_median: float
+    rounds: int
+
+
+def save_results(results: list[Result], path) -> None:
+    """Write the per-result statistics (µs) as JSON, so tables and plots can be redone."""
+    import json
+
+    rows = []
+    for r in results:
+        t = r.timing
+        stats = {k: getattr(t, k) for k in ("median", "q25", "q75", "min", "max", "cpu_median")}
+        rows.append(
+            {
+                "op": r.op,
+                "spec": r.spec,
+                "impl": r.impl,
+                "bytes_moved": r.bytes_moved,
+                "note": r.note,
+                "rounds": t.rounds,
+                **{k: round(v, 3) for k, v in stats.items()},
+            }
+        )
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=0)
+
+
+def load_results(path) -> list[Result]:
+    import json
+
+    with open(path) as f:
+        rows = json.load(f)
+    out = []
+    for d in rows:
+        t = TimingSummary(
+            d["median"], d["q25"], d["q75"], d["min"], d["max"], d["cpu_median"], d["rounds"]
+        )
+        out.append(Result(d["op"], d["spec"], d["impl"], t, d["bytes_moved"], d.get("note", "")))
+    return out
+
+
 def cpu_pressure() -> str:
     """Linux PSI: share of time runnable tasks waited for a CPU (avg10/avg60), or n/a."""
     try:

@@ -29,8 +29,11 @@ def _series(results, op, x, group, where=None):
 
 def _draw(ax, series, group_names, xlabel, title):
     groups = sorted({k[:-1] for k in series}, key=str)
+    impls = sorted({k[-1] for k in series})
     for key, pts in sorted(series.items(), key=lambda kv: str(kv[0])):
-        color = _COLORS[groups.index(key[:-1]) % len(_COLORS)]
+        # one colour per group (B, V/dtype); a single group: one colour per implementation
+        which = groups.index(key[:-1]) if len(groups) > 1 else impls.index(key[-1])
+        color = _COLORS[which % len(_COLORS)]
         xs = [p[0] for p in pts]
         ys = [p[1] for p in pts]
         label = " ".join(f"{g}={v}" for g, v in zip(group_names, key[:-1], strict=True))
@@ -94,3 +97,13 @@ def plot_results(results: list[Result], path: Path, *, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+if __name__ == "__main__":  # python -m bench.plot results.json: redraw a run's plot
+    import sys
+
+    from bench.harness import load_results
+
+    src = Path(sys.argv[1])
+    plot_results(load_results(src), src.with_suffix(".png"), title=src.stem)
+    print(f"wrote {src.with_suffix('.png')}")

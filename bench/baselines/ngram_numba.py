@@ -26,7 +26,7 @@ import numpy as np
 # numba's OpenMP layer can bring a second OpenMP runtime into a process that already has
 # torch's, two thread pools competing for the same cores; the work-queue layer is numba's
 # own pool. NUMBA_THREADING_LAYER overrides this choice.
-if "NUMBA_THREADING_LAYER" not in os.environ:
+if os.environ.get("NUMBA_THREADING_LAYER", "workqueue") == "workqueue":
     numba.config.THREADING_LAYER = "workqueue"
 
 
