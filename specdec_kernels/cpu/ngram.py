@@ -2,19 +2,39 @@
 
 Comparing every window with the suffix costs ``max_n`` passes over each history. Instead:
 
-1. one pass keeps the positions ``j`` whose token equals the request's last token (in
-   real text a few percent of positions); ``j`` is the *end* of a candidate window and
-   ``j <= L-2`` so that a following token exists;
-2. level ``t = 1 .. max_n-1`` keeps the survivors whose token ``j-t`` equals the
-   suffix token ``L-1-t``: a survivor of level ``t`` ends a window of ``n = t+1``
-   matching tokens. The survivor sets shrink fast, so each level is cheap;
-3. per request, the highest level reached (``>= min_n``) is the longest n, and the
-   first (smallest ``j``) or last survivor of that level is the winning window.
+1. one dense pass keeps the window ends ``j`` whose token equals the request's last token
+   (when ``min_n >= 2``: whose last *two* tokens equal the suffix's, with two shifted
+   slices, which on real text leaves ~10x fewer positions); ``j <= L-2`` so that a
+   following token exists. Its positions are found by ``nonzero`` over the mask viewed as
+   int64 words (8 positions per word), then over the 8 positions of each non-zero word;
+2. level ``n`` keeps the survivors of level ``n-1`` whose token ``j-n+1`` equals the
+   suffix token ``L-n``: a survivor of level ``n`` ends a window of ``n`` matching tokens.
+   The survivor sets shrink fast, so each level is cheap;
+3. per request, the highest level reached (``>= min_n``) is the longest n, and its first
+   (smallest ``j``) or last survivor is the winning window: one ``scatter_reduce`` over
+   keys ``n * (W+1) + tie``.
+
+At B = 64 histories of 8k tokens of source code this takes about as long as a compiled
+single-pass (KMP) proposer on one thread (bench/results). At B = 1 it is bound by the
+~30 small op dispatches (~0.3 ms).
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def _sparse_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Flat indices of the True entries of a contiguous bool tensor, scanning 8 at a time."""
+    flat = mask.reshape(-1)
+    n = flat.numel()
+    pad = (-n) % 8
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    words = flat.view(torch.uint8).view(torch.int64)
+    wi = words.nonzero()[:, 0]
+    idx = (wi[:, None] * 8 + torch.arange(8)).reshape(-1)
+    return idx[flat[idx]]
 
 
 def ngram_propose(
@@ -48,32 +68,40 @@ def ngram_propose(
     width = int(lengths.max())
     if width < 2:
         return drafts, counts
-    # [B, width] histories of the batch rows only, and a flat view to index them with.
     if req_indices is None and token_ids.is_contiguous():
         hist = token_ids[:, :width]
         flat, row_stride = token_ids.view(-1), token_ids.stride(0)
     else:
         hist = token_ids[rows if rows is not None else slice(None), :width].contiguous()
         flat, row_stride = hist.view(-1), width
-    last_pos = torch.arange(B) * row_stride + lengths - 1  # flat position of each last token
+    last_pos = torch.arange(B) * row_stride + lengths - 1
 
-    bi, ji = (hist == flat[last_pos.clamp(min=0)][:, None]).nonzero(as_tuple=True)
-    idx = (ji <= lengths[bi] - 2).nonzero()[:, 0]  # the window must be followed by a token
-    bi, ji = bi[idx], ji[idx]
+    # Dense levels: window ends j in [dense-1, width-2] matching the last `dense` tokens.
+    dense = 2 if (min_n >= 2 and max_n >= 2 and width >= 3) else 1
+    s0 = flat[last_pos.clamp(min=0)][:, None]
+    if dense == 2:
+        s1 = flat[(last_pos - 1).clamp(min=0)][:, None]
+        mask = (hist[:, 1 : width - 1] == s0) & (hist[:, : width - 2] == s1)
+    else:
+        mask = hist[:, : width - 1] == s0
+    idx = _sparse_positions(mask)
+    cols = mask.shape[1]
+    bi = idx // cols
+    ji = idx % cols + (dense - 1)
+    keep = (ji <= lengths[bi] - 2).nonzero()[:, 0]  # a following token; L >= dense + 1
+    bi, ji = bi[keep], ji[keep]
 
-    # Survivors of level n end a window of n matching tokens; keep (b, n, j) for n >= min_n.
     hit_b, hit_key = [], []
-    for n in range(1, max_n + 1):
-        if n > 1:
+    for n in range(dense, max_n + 1):
+        if n > dense:
             t = n - 1
             back = bi * row_stride + ji - t
             ok = (ji >= t) & (flat[back.clamp(min=0)] == flat[last_pos[bi] - t])
-            idx = ok.nonzero()[:, 0]
-            bi, ji = bi[idx], ji[idx]
+            keep = ok.nonzero()[:, 0]
+            bi, ji = bi[keep], ji[keep]
         if bi.numel() == 0:
             break
         if n >= min_n:
-            # larger key wins: longer n first, then the smallest ("first") or largest j
             hit_b.append(bi)
             hit_key.append(n * (width + 1) + (width - ji if tie_break == "first" else ji))
     best = torch.full((B,), -1, dtype=torch.long)
@@ -84,7 +112,7 @@ def ngram_propose(
     best_end = tie if tie_break == "last" else width - tie
 
     found = best_n > 0
-    start = best_end + 1  # first draft token = the token after the matched window
+    start = best_end + 1
     cap = torch.full((B,), k, dtype=torch.long)
     if max_draft_tokens is not None:
         cap = torch.minimum(cap, max_draft_tokens.long())
