@@ -85,9 +85,11 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    """``weight * x / sqrt(mean(x**2) + eps)``, in fp32 at least (as transformers does)."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        h = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+        return weight * h.to(x.dtype)
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,7 +110,7 @@ class AttentionLayout:
 
     grid_index: torch.Tensor  # int64 [B, Mq]: flat token of grid cell (b, j), clamped
     token_cell: torch.Tensor  # int64 [T]: grid cell b * Mq + j of flat token t
-    mask: torch.Tensor  # bool [B, 1, 1, Mq, S]: key s visible to query (b, j)
+    bias: torch.Tensor  # [B*KV, G*Mq, S]: 0 where key s is visible to query (b, j), else -inf
     block_tables: torch.Tensor  # int64 [B, S / block_size], unallocated -> pad block
     max_seq_len: int
 
@@ -122,6 +124,9 @@ def build_layout(
     max_seq_len: int,
     block_size: int,
     pad_block: int,
+    num_kv_heads: int,
+    group: int,
+    dtype: torch.dtype,
 ) -> AttentionLayout:
     T = positions.shape[0]
     B = query_start_loc.shape[0] - 1
@@ -140,12 +145,15 @@ def build_layout(
     S = nb * block_size
     q_pos = torch.where(grid_valid, positions[grid_index], 0)
     s = torch.arange(S, device=dev)
-    mask = (s <= q_pos[:, :, None])[:, None, None]
+    visible = s <= q_pos[:, :, None]  # causal within the request: keys 0 .. position
+    bias = torch.zeros(visible.shape, dtype=dtype, device=dev).masked_fill_(~visible, -math.inf)
+    bias = bias[:, None, None].expand(B, num_kv_heads, group, Mq, S)
+    bias = bias.reshape(B * num_kv_heads, group * Mq, S)
     bt = block_tables[:, :nb].long()
     if bt.shape[1] < nb:  # the table is narrower than the bound: pad with the pad block
         bt = torch.cat([bt, bt.new_full((B, nb - bt.shape[1]), pad_block)], dim=1)
     bt = torch.where(bt < 0, pad_block, bt)
-    return AttentionLayout(grid_index, token_cell, mask, bt, S)
+    return AttentionLayout(grid_index, token_cell, bias, bt, S)
 
 
 class Llama:
@@ -260,6 +268,9 @@ class Llama:
             max_seq_len=max_seq_len,
             block_size=cache.block_size,
             pad_block=cache.pad_block,
+            num_kv_heads=KV,
+            group=G,
+            dtype=self.dtype,
         )
         S = lay.max_seq_len
         slots = torch.where(slot_mapping < 0, cache.pad_slot, slot_mapping)
@@ -267,35 +278,35 @@ class Llama:
         sin = self.sin[positions][:, None, :]
         scale = 1.0 / math.sqrt(hd)
         x = self.embed[input_ids.long()]
+        half = self.dtype in (torch.float16, torch.bfloat16)
         for i, L in enumerate(self.layers):
             h = rms_norm(x, L["attn_norm"], c.rms_norm_eps)
             qkv = h @ L["wqkv_t"]
-            q = qkv[:, : H * hd].view(T, H, hd)
-            k = qkv[:, H * hd : (H + KV) * hd].view(T, KV, hd)
+            qk = rotate(qkv[:, : (H + KV) * hd].view(T, H + KV, hd), cos, sin)
+            k = qk[:, H:]
             v = qkv[:, (H + KV) * hd :].view(T, KV, hd)
-            q = rotate(q, cos, sin)
-            k = rotate(k, cos, sin)
             kc, vc = cache.k[i], cache.v[i]
             kc.view(-1, KV, hd).index_copy_(0, slots, k)
             vc.view(-1, KV, hd).index_copy_(0, slots, v)
-            # K/V of each request through its block table: [B, KV, S, hd]
-            kr = kc[lay.block_tables].view(B, S, KV, hd).permute(0, 2, 1, 3)
-            vr = vc[lay.block_tables].view(B, S, KV, hd).permute(0, 2, 1, 3)
-            # queries on the [B, Mq] grid, grouped by KV head: [B, KV, G*Mq, hd]
-            qg = q[lay.grid_index].view(B, Mq, KV, G, hd).permute(0, 2, 3, 1, 4)
-            qg = qg.reshape(B, KV, G * Mq, hd)
-            scores = (qg @ kr.transpose(-1, -2)).view(B, KV, G, Mq, S) * scale
-            if scores.dtype in (torch.float16, torch.bfloat16):
-                scores = scores.float()
-            scores = scores.masked_fill(~lay.mask, float("-inf"))
-            probs = torch.softmax(scores, dim=-1).to(vr.dtype).view(B, KV, G * Mq, S)
-            og = (probs @ vr).view(B, KV, G, Mq, hd).permute(0, 3, 1, 2, 4)
+            # K/V of each request through its block table: [B*KV, hd, S] and [B*KV, S, hd]
+            kt = kc[lay.block_tables].view(B, S, KV, hd).permute(0, 2, 3, 1)
+            kt = kt.reshape(B * KV, hd, S)
+            vr = vc[lay.block_tables].view(B, S, KV, hd).transpose(1, 2).reshape(B * KV, S, hd)
+            # queries on the [B, Mq] grid, grouped by KV head: [B*KV, G*Mq, hd]
+            qg = qk[lay.grid_index, :H].view(B, Mq, KV, G, hd).permute(0, 2, 3, 1, 4)
+            qg = qg.reshape(B * KV, G * Mq, hd)
+            scores = torch.baddbmm(lay.bias, qg, kt, alpha=scale)
+            if half:
+                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
+            else:
+                probs = torch.softmax(scores, dim=-1)
+            og = torch.bmm(probs, vr).view(B, KV, G, Mq, hd).permute(0, 3, 1, 2, 4)
             o = og.reshape(B * Mq, H * hd)[lay.token_cell]
-            x = x + o @ L["wo_t"]
+            x = torch.addmm(x, o, L["wo_t"])
             h = rms_norm(x, L["mlp_norm"], c.rms_norm_eps)
             gu = h @ L["w_gate_up_t"]
-            gate, up = gu[:, : c.intermediate_size], gu[:, c.intermediate_size :]
-            x = x + (torch.nn.functional.silu(gate) * up) @ L["w_down_t"]
+            act = torch.nn.functional.silu(gu[:, : c.intermediate_size])
+            x = torch.addmm(x, act * gu[:, c.intermediate_size :], L["w_down_t"])
         if not compute_logits:
             return None
         x = rms_norm(x, self.final_norm, c.rms_norm_eps)
