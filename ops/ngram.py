@@ -128,7 +128,8 @@ def ngram_propose(
     min_n, max_n : int
         The n-gram lengths tried, ``1 <= min_n <= max_n``; the longest match wins.
     num_speculative_tokens : int
-        ``k >= 1``, the number of draft slots per request (static).
+        ``k >= 0``, the number of draft slots per request (static); ``k = 0`` returns
+        ``[B, 0]`` drafts, so plain decoding runs through the same ops.
     max_model_len : int, optional
         Drafts never take a request past this many tokens (``m <= max_model_len - L``).
         ``None``: no such cap.
@@ -150,9 +151,10 @@ def ngram_propose(
     ------
     ValueError
         Wrong dtype, device, ndim or shape of any tensor; ``min_n < 1``,
-        ``min_n > max_n``, ``num_speculative_tokens < 1``, ``max_model_len < 1``, an
+        ``min_n > max_n``, ``num_speculative_tokens < 0``, ``max_model_len < 1``, an
         unknown ``tie_break``. With value checks: ``req_indices`` outside ``[-1, R)``,
-        ``num_tokens`` outside ``[0, L_max]``, ``max_draft_tokens < 0``.
+        ``num_tokens`` of a batch row's state row outside ``[0, L_max]``,
+        ``max_draft_tokens < 0``.
     """
     token_ids = check_tensor("token_ids", token_ids, dtype=torch.int32, ndim=2)
     device = token_ids.device
@@ -174,18 +176,13 @@ def ngram_propose(
     check_int("max_n", max_n, min_value=1)
     if min_n > max_n:
         raise ValueError(f"min_n must be <= max_n, got min_n={min_n}, max_n={max_n}")
-    check_int("num_speculative_tokens", num_speculative_tokens, min_value=1)
+    check_int("num_speculative_tokens", num_speculative_tokens, min_value=0)
     if max_model_len is not None:
         check_int("max_model_len", max_model_len, min_value=1)
     if tie_break not in TIE_BREAKS:
         raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
 
     if should_check_values([token_ids, num_tokens, req_indices, max_draft_tokens], validate):
-        if num_tokens.numel() and (int(num_tokens.min()) < 0 or int(num_tokens.max()) > L_max):
-            raise ValueError(
-                f"num_tokens must lie in [0, {L_max}] (token_ids.shape[1]), got values in "
-                f"[{int(num_tokens.min())}, {int(num_tokens.max())}]"
-            )
         if req_indices is not None and req_indices.numel():
             lo, hi = int(req_indices.min()), int(req_indices.max())
             if lo < -1 or hi >= R:
@@ -193,6 +190,13 @@ def ngram_propose(
                     f"req_indices must lie in [-1, {R}) (rows of token_ids; -1 = padding), "
                     f"got values in [{lo}, {hi}]"
                 )
+        # only the rows in the batch are read, so only they must be consistent
+        lengths = num_tokens if req_indices is None else num_tokens[req_indices[req_indices >= 0]]
+        if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > L_max):
+            raise ValueError(
+                f"num_tokens must lie in [0, {L_max}] (token_ids.shape[1]) for the rows in the "
+                f"batch, got values in [{int(lengths.min())}, {int(lengths.max())}]"
+            )
         if max_draft_tokens is not None and max_draft_tokens.numel():
             if int(max_draft_tokens.min()) < 0:
                 raise ValueError(

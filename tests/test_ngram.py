@@ -316,7 +316,7 @@ def _call(**overrides):
         ),
         (dict(min_n=0), "min_n must be >= 1"),
         (dict(min_n=3, max_n=2), "min_n must be <= max_n"),
-        (dict(num_speculative_tokens=0), "num_speculative_tokens must be >= 1"),
+        (dict(num_speculative_tokens=-1), "num_speculative_tokens must be >= 0"),
         (dict(num_speculative_tokens=2.0), "num_speculative_tokens must be a Python int"),
         (dict(tie_break="middle"), "tie_break must be one of"),
         (dict(max_model_len=0), "max_model_len must be >= 1"),
@@ -350,3 +350,36 @@ def test_meta_device_mismatch_is_reported():
     t, n, req, cap = _sample_args()
     with pytest.raises(ValueError, match="num_tokens must be on"):
         ngram_propose(t, n.to("meta"), min_n=1, max_n=2, num_speculative_tokens=2)
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_k_zero_is_plain_decoding(impl, kernel_device):
+    t, n = _history([[1, 2, 1, 2, 1]])
+    drafts, counts = _run(impl, t, n, device=kernel_device, min_n=1, max_n=2, k=0)
+    assert drafts.shape == (1, 0) and counts.tolist() == [0]
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_all_padding_batch_without_state_rows(impl, kernel_device):
+    # R = 0: nothing may be read, not even num_tokens.
+    t, n = torch.zeros((0, 8), dtype=torch.int32), torch.zeros((0,), dtype=torch.int32)
+    req = torch.tensor([-1, -1], dtype=torch.int32)
+    drafts, counts = _run(impl, t, n, req, device=kernel_device, min_n=1, max_n=2, k=2)
+    assert drafts.tolist() == [[-1, -1], [-1, -1]] and counts.tolist() == [0, 0]
+
+
+def test_value_checks_ignore_state_rows_outside_the_batch():
+    t, n = _history([[1, 2, 1, 2, 1], [0], [3, 4, 3, 4]], width=8)
+    n[1] = -1  # a stale row nobody schedules
+    out = ngram_propose(
+        t, n, torch.tensor([0, 2], dtype=torch.int32), min_n=1, max_n=2, num_speculative_tokens=2
+    )
+    assert out.draft_token_ids.tolist() == [[2, 1], [3, 4]]
+
+
+@pytest.mark.parametrize("impl", ["cpu", "triton"])
+def test_max_n_far_above_the_history_length(impl, kernel_device):
+    t, n = _history([[5, 6, 7, 5, 6, 7, 5]])
+    ref = _run("reference", t, n, min_n=2, max_n=500, k=3)
+    out = _run(impl, t, n, device=kernel_device, min_n=2, max_n=500, k=3)
+    assert torch.equal(out[0], ref[0]) and _drafts(out) == [6, 7, 5]

@@ -64,6 +64,8 @@ def ngram_propose(
         rows = req_indices.long()
         active = rows >= 0
         rows = rows.clamp(min=0)
+        if num_tokens.numel() == 0:  # no state rows: every batch row is padding
+            return drafts, counts
         lengths = torch.where(active, num_tokens[rows].long(), 0)
     width = int(lengths.max())
     if width < 2:

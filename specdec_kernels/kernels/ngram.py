@@ -51,8 +51,7 @@ def _ngram_scan_kernel(
     else:
         r = b
     r = r.to(tl.int64)
-    length = tl.load(num_tokens_ptr + tl.maximum(r, 0)).to(tl.int64)
-    length = tl.where(r >= 0, length, 0)
+    length = tl.load(num_tokens_ptr + tl.maximum(r, 0), mask=r >= 0, other=0).to(tl.int64)
     row = token_ids_ptr + r * hist_stride
 
     j = blk * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
@@ -105,8 +104,7 @@ def _ngram_finalize_kernel(
     else:
         r = b
     r = r.to(tl.int64)
-    length = tl.load(num_tokens_ptr + tl.maximum(r, 0)).to(tl.int64)
-    length = tl.where(r >= 0, length, 0)
+    length = tl.load(num_tokens_ptr + tl.maximum(r, 0), mask=r >= 0, other=0).to(tl.int64)
 
     best = tl.full([KEY_BLOCK], -1, dtype=tl.int64)
     for start in range(0, num_blocks, KEY_BLOCK):
@@ -173,8 +171,9 @@ def ngram_propose(
         req_indices_ptr=req_indices if req_indices is not None else dummy,
         keys_ptr=keys,
         num_blocks=num_blocks,
-        MIN_N=min_n,
-        MAX_N=max_n,
+        MIN_N=min_n,  # a min_n > MAX_N finds nothing, as it should
+        # n never exceeds L - 1 <= L_max - 1: no need to unroll further
+        MAX_N=max(1, min(max_n, L_max - 1)),
         HAS_REQ_INDICES=req_indices is not None,
         TIE_LAST=tie_last,
         BLOCK=block,
