@@ -194,7 +194,7 @@ class Row:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def run_engine(model, prompts, params, *, label, k, batch, args, stop_ids):
+def run_engine(model, prompts, params, *, label, k, batch, args, stop_ids, show=True):
     from tqdm import tqdm
 
     from examples.engine.engine import Engine
@@ -209,7 +209,7 @@ def run_engine(model, prompts, params, *, label, k, batch, args, stop_ids):
         stop_token_ids=stop_ids,
     )
     total = sum(p.max_tokens for p in params)
-    with tqdm(total=total, desc=label, unit="tok", file=sys.stderr, leave=True) as bar:
+    with tqdm(total=total, desc=label, unit="tok", file=sys.stderr, disable=not show) as bar:
         comps, stats = eng.generate(prompts, params, progress=bar)
         bar.total = stats.tokens  # requests may stop early
         bar.refresh()
@@ -396,6 +396,7 @@ def run(argv: list[str] | None = None) -> int:
             batch=1,
             args=args,
             stop_ids=stop_ids,
+            show=False,
         )
 
     runs = {}

@@ -109,6 +109,7 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "SOURCE").write_text(f"{gguf}\n")
+        tmp.chmod(0o755)  # mkdtemp makes it private
         if dest.exists():  # another process won the race; keep theirs
             shutil.rmtree(tmp)
         else:
