@@ -162,16 +162,6 @@ def _key_numbers(results) -> list[str]:
                 f"- `ngram_propose` CPU path vs numba KMP at B = 64, 8k-token histories, "
                 f"k = {k}: **{wall:.2f}×** (median wall time; {cpu:.2f}× by CPU time)."
             )
-            by = {
-                r.impl: r.timing.median
-                for r in results
-                if r.op == "ngram_propose" and r.spec == {"B": 64, "L": 8192, "k": k}
-            }
-            if "candidate" in by and "numba" in by:
-                lines.append(
-                    f"  The candidate CPU path of bench/notes/ngram_cpu.md: "
-                    f"{by['numba'] / by['candidate']:.2f}× numba at the same shape."
-                )
     for mode in ("greedy", "onehot", "probs"):
         vals = [
             speedup(results, "rejection_sample", "torch", B=b, V=v, mode=mode, dtype=d)
@@ -208,9 +198,7 @@ SECTION_TEXT = {
         "contiguous window of the token stream. Baselines: `numba` = single-pass KMP over the "
         "reversed history, `prange` over requests (bench/baselines/ngram_numba.py); "
         "`reference` = the plain Python oracle (checked and timed only where B*L <= 64k "
-        "tokens). `candidate` is not a baseline: it is the faster CPU path proposed in "
-        "bench/notes/ngram_cpu.md, checked and timed alongside. GB/s counts each history "
-        "token once (4 B)."
+        "tokens). GB/s counts each history token once (4 B)."
     ),
     "rejection": (
         "## rejection_sample\n\n"

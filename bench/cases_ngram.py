@@ -51,12 +51,6 @@ def build(spec: dict) -> Case:
 
         tok_np, len_np = token_ids.numpy(), num_tokens.numpy()
         impls["numba"] = lambda: ngram_propose_numba(tok_np, len_np, **kw)
-    # A proposed replacement for the CPU path (bench/notes/ngram_cpu.md), shown for reference.
-    from bench.notes.ngram_cpu_candidate import ngram_propose as candidate
-
-    impls["candidate"] = lambda: candidate(
-        token_ids, num_tokens, None, None, max_model_len=None, tie_break="first", **kw
-    )
     use_reference = B * L <= REFERENCE_MAX_TOKENS
     if use_reference:
         impls["reference"] = lambda: reference_ngram(
@@ -69,8 +63,6 @@ def build(spec: dict) -> Case:
             nd, nc = impls["numba"]()
             assert np.array_equal(drafts.numpy(), nd), "ngram_propose != numba (drafts)"
             assert np.array_equal(counts.numpy(), nc), "ngram_propose != numba (counts)"
-        cd, cc = impls["candidate"]()
-        assert torch.equal(drafts, cd) and torch.equal(counts, cc), "ngram_propose != candidate"
         if use_reference:
             rd, rc = impls["reference"]()
             assert torch.equal(drafts, rd) and torch.equal(counts, rc), "ngram_propose != ref"

@@ -57,23 +57,6 @@ def test_numba_kmp_baseline_equals_reference():
             np.testing.assert_array_equal(got[1], want[1].numpy())
 
 
-def test_ngram_cpu_candidate_in_bench_notes_equals_reference():
-    from bench.notes.ngram_cpu_candidate import ngram_propose as candidate
-
-    t = lambda a: None if a is None else torch.from_numpy(a)  # noqa: E731
-    for tok, lengths, kw, rng in _random_ngram_batches(2, 150):
-        B = tok.shape[0]
-        rows = None
-        if rng.random() < 0.5:
-            rows = rng.permutation(np.r_[np.arange(B), -1, -1]).astype(np.int32)[:B]
-        caps = None if rng.random() < 0.5 else rng.integers(0, 7, B).astype(np.int32)
-        for tie_break in ("first", "last"):
-            args = (t(tok), t(lengths), t(rows), t(caps))
-            got = candidate(*args, tie_break=tie_break, **kw)
-            want = reference_ngram(*args, tie_break=tie_break, **kw)
-            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
 def test_torch_eager_ngram_baseline_equals_reference():
     from bench.baselines.ngram_torch import ngram_propose_torch
 
