@@ -68,9 +68,12 @@ class RunStats:
     drafts: int = 0
     """draft tokens proposed"""
     accepted: int = 0
-    """draft tokens accepted by the verifier"""
+    """draft tokens accepted by the verifier and committed"""
     prefill_tokens: int = 0
     seconds: float = 0.0
+    """wall time of the whole call"""
+    prefill_seconds: float = 0.0
+    """part of it spent in prefill forwards"""
     host_reads: int = 0
     """device-to-host reads made inside decode steps (one per step by construction)"""
     batch_sizes: list[int] = field(default_factory=list)
@@ -78,6 +81,12 @@ class RunStats:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Throughput of the decode steps alone (prefill time excluded)."""
+        t = self.seconds - self.prefill_seconds
+        return self.tokens / t if t > 0 else 0.0
 
     @property
     def tokens_per_step(self) -> float:
@@ -244,6 +253,7 @@ class Engine:
             block_size=self.block_size,
             max_model_len=self.max_model_len,
         )
+        t0 = time.perf_counter()
         self.model.forward(
             ids,
             positions,
@@ -256,6 +266,7 @@ class Engine:
             compute_logits=False,
         )
         stats.prefill_tokens += sum(lens)
+        stats.prefill_seconds += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ device step
 
@@ -376,7 +387,8 @@ class Engine:
                 q.steps += 1
                 stats.tokens += n_com[b]
                 stats.drafts += n_draft[b]
-                stats.accepted += n_emit[b] - 1
+                # drafts kept and committed (a stop token or the budget may cut the block)
+                stats.accepted += max(min(n_emit[b], n_com[b]) - 1, 0)
                 if reason[b]:
                     # Keep the output on the device; read it back once, after the run.
                     out = self.token_ids[q.row, q.prompt_len : q.num_tokens].clone()
