@@ -78,8 +78,13 @@ def _generate(model, prompts, *, k, batch, max_tokens, stop_ids):
     return [c.token_ids for c in comps], stats
 
 
-def test_greedy_speculation_matches_plain_decoding_float64(loaded, prompts):
-    model = Llama(LlamaConfig.from_dict(loaded.config), loaded.state_dict, dtype=torch.float64)
+@pytest.fixture(scope="module")
+def model64(loaded):
+    return Llama(LlamaConfig.from_dict(loaded.config), loaded.state_dict, dtype=torch.float64)
+
+
+def test_greedy_speculation_matches_plain_decoding_float64(loaded, model64, prompts):
+    model = model64
     stop = [loaded.tokenizer.eos_token_id]
     budget = [32, 24]  # the requests finish at different steps
     # plain decoding one request at a time (the second reuses the first's row and blocks);
@@ -91,6 +96,20 @@ def test_greedy_speculation_matches_plain_decoding_float64(loaded, prompts):
     # speculation did something: drafts were accepted, so fewer steps were needed
     assert s4.accepted > 0 and s4.steps < max(budget)
     assert s0.host_reads == s0.steps and s4.host_reads == s4.steps
+
+
+def test_sampled_decoding_depends_on_seed_not_on_batch(loaded, model64, prompts):
+    # A request's randomness is keyed by its seed and token positions only, so it gets the
+    # same tokens alone or in a batch; other seeds give other tokens.
+    def run(batch, seeds):
+        eng = Engine(model64, max_batch_size=batch, max_model_len=512, num_speculative_tokens=4)
+        params = [SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=s) for s in seeds]
+        comps, _ = eng.generate(prompts, params)
+        return [c.token_ids for c in comps]
+
+    together = run(2, [11, 12])
+    assert run(1, [11, 12]) == together
+    assert run(2, [21, 22]) != together
 
 
 def test_engine_logits_match_transformers(loaded, prompts):
