@@ -58,9 +58,28 @@ def sampling_offsets(
     -------
     torch.Tensor
         int64 ``[B]``, on the device of ``num_tokens``.
+
+    Raises
+    ------
+    ValueError
+        Wrong dtype, ndim or device of either tensor; with value checks (CPU tensors),
+        ``req_indices`` outside ``[-1, R)``.
     """
+    num_tokens = check_tensor("num_tokens", num_tokens, dtype=(torch.int32, torch.int64), ndim=1)
     if req_indices is None:
         return num_tokens.to(torch.int64) - 1
+    req_indices = check_tensor(
+        "req_indices", req_indices, dtype=torch.int32, ndim=1, device=num_tokens.device
+    )
+    if should_check_values([num_tokens, req_indices], None) and req_indices.numel():
+        lo, hi = int(req_indices.min()), int(req_indices.max())
+        if lo < -1 or hi >= num_tokens.shape[0]:
+            raise ValueError(
+                f"req_indices must lie in [-1, {num_tokens.shape[0]}) (rows of num_tokens; "
+                f"-1 = padding), got values in [{lo}, {hi}]"
+            )
+    if num_tokens.shape[0] == 0:  # no state rows: every batch row is padding
+        return torch.zeros(req_indices.shape, dtype=torch.int64, device=num_tokens.device)
     rows = req_indices.to(torch.int64)
     pos = num_tokens.to(torch.int64)[rows.clamp(min=0)] - 1
     return torch.where(rows >= 0, pos, torch.zeros_like(pos))
@@ -288,6 +307,8 @@ def rejection_sample(
         "cu_num_draft_tokens", cu_num_draft_tokens, dtype=torch.int32, ndim=1, device=device
     )
     k = check_int("num_speculative_tokens", num_speculative_tokens, min_value=0)
+    if not isinstance(return_logprobs, bool):
+        raise ValueError(f"return_logprobs must be a bool, got {type(return_logprobs).__name__}")
     if cu.shape[0] < 1:
         raise ValueError(
             "cu_num_draft_tokens must have shape (B + 1,) with B >= 0 (exclusive prefix sum "
@@ -307,10 +328,10 @@ def rejection_sample(
         draft_probs = check_tensor(
             "draft_probs", draft_probs, dtype=LOGIT_DTYPES, ndim=2, device=device
         )
-        if draft_probs.shape[0] < n_flat or draft_probs.shape[1] != V:
+        if draft_probs.shape[1] != V:
             raise ValueError(
-                f"draft_probs must have shape (>= {n_flat}, {V}) (one row per entry of "
-                f"draft_token_ids, the vocabulary of target_logits), got "
+                f"draft_probs must have shape (>= N, {V}) (one row per draft, N = "
+                f"cu_num_draft_tokens[B]; the vocabulary of target_logits), got "
                 f"{tuple(draft_probs.shape)}"
             )
     temperature = _param("temperature", temperature, torch.float32, B, device)
@@ -343,6 +364,11 @@ def rejection_sample(
             raise ValueError(
                 f"cu_num_draft_tokens[B] must be <= len(draft_token_ids) = {n_flat}, "
                 f"got {int(cu[-1])}"
+            )
+        if draft_probs is not None and int(cu[-1]) > draft_probs.shape[0]:
+            raise ValueError(
+                f"draft_probs must have at least N = cu_num_draft_tokens[B] = {int(cu[-1])} "
+                f"rows (one per draft), got {draft_probs.shape[0]}"
             )
         if temperature is not None:
             _range_error(

@@ -815,7 +815,7 @@ BAD = [
     ("cu_num_draft_tokens", _cu(0, 3, 3, 3), "<= num_speculative_tokens = 2"),
     ("num_speculative_tokens", -1, "num_speculative_tokens must be >= 0"),
     ("num_speculative_tokens", 1.0, "num_speculative_tokens must be a Python int"),
-    ("draft_probs", torch.zeros(0, 8), "draft_probs must have shape"),
+    ("draft_probs", torch.zeros(0, 8), "draft_probs must have at least N"),
     ("draft_probs", torch.zeros(20, 7), "draft_probs must have shape"),
     ("draft_probs", torch.zeros(20, 8, dtype=torch.int32), "draft_probs must have dtype"),
     ("temperature", torch.ones(2), "temperature must have shape \\(3,\\)"),
@@ -957,3 +957,79 @@ def test_gpu_cuda_graph_capture_and_replay():
     torch.cuda.synchronize()
     for a, c in zip(eager, captured, strict=True):
         assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu", "triton"])
+def test_tiny_temperature_does_not_overflow_to_a_uniform_choice(impl, kernel_device):
+    # logits / T would overflow to +inf on both tokens (a 50/50 choice); the distribution
+    # at T -> 0 is the argmax, token 1.
+    B = 64
+    batch = Batch(
+        logits=torch.tensor([[40.0, 50.0], [1.0, 2.0]]).repeat(B // 2, 1),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=torch.zeros(B + 1, dtype=torch.int32),
+        k=0,
+        temperature=torch.tensor([1e-37, 1e-39]).repeat(B // 2),
+        seeds=torch.arange(B, dtype=torch.int64),
+        offsets=torch.zeros(B, dtype=torch.int64),
+    )
+    tokens, _, _ = run(impl, batch, kernel_device)
+    assert tokens[:, 0].tolist() == [1] * B
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu", "triton"])
+def test_nan_logits_count_as_neg_inf_in_logprobs(impl, kernel_device):
+    batch = Batch(
+        logits=torch.tensor([[float("nan"), 1.0, 1.0]]),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=torch.zeros(2, dtype=torch.int32),
+        k=0,
+    )
+    tokens, _, logprobs = run(impl, batch, kernel_device)
+    assert tokens[0, 0] == 1
+    assert logprobs[0, 0].item() == pytest.approx(math.log(0.5))
+
+
+def test_draft_probs_need_rows_for_the_drafts_only():
+    # Static draft buffer of 4 slots, N = cu[B] = 2 real drafts: 2 rows of q suffice.
+    V = 5
+    out = rejection_sample(
+        torch.zeros(4 + 2, V),
+        torch.tensor([1, 2, -1, -1], dtype=torch.int32),
+        torch.tensor([0, 1, 2], dtype=torch.int32),
+        num_speculative_tokens=1,
+        draft_probs=torch.full((2, V), 0.2),
+        temperature=torch.ones(2),
+    )
+    assert out.num_emitted.shape == (2,)
+    with pytest.raises(ValueError, match="draft_probs must have at least N"):
+        rejection_sample(
+            torch.zeros(6, V),
+            torch.tensor([1, 2, -1, -1], dtype=torch.int32),
+            torch.tensor([0, 1, 2], dtype=torch.int32),
+            num_speculative_tokens=1,
+            draft_probs=torch.full((1, V), 0.2),
+            temperature=torch.ones(2),
+        )
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "req_indices", "match"),
+    [
+        (torch.tensor([3.0, 4.0]), None, "num_tokens must have dtype"),
+        (torch.tensor([[3, 4]]), None, "num_tokens must be 1-D"),
+        (torch.tensor([3, 4]), torch.tensor([0.0]), "req_indices must have dtype int32"),
+        (torch.tensor([3, 4]), torch.tensor([2], dtype=torch.int32), r"req_indices must lie in"),
+        (torch.tensor([3, 4]), torch.tensor([-3], dtype=torch.int32), r"req_indices must lie in"),
+    ],
+)
+def test_sampling_offsets_bad_input(num_tokens, req_indices, match):
+    with pytest.raises(ValueError, match=match):
+        sampling_offsets(num_tokens, req_indices)
+
+
+def test_sampling_offsets_of_padding_rows_over_empty_state():
+    out = sampling_offsets(
+        torch.zeros(0, dtype=torch.int32), torch.tensor([-1, -1], dtype=torch.int32)
+    )
+    assert out.tolist() == [0, 0]

@@ -33,14 +33,13 @@ def target_weights(
     """Kept fp32 weights ``w`` ``[R, V]`` of sampled rows (``p = w / w.sum(-1)``).
 
     ``logits`` fp32 ``[R, V]`` with NaN already read as -inf; the per-row parameters are
-    ``[R]`` (``temperature > 0``). ``e = 1 where z == max z else exp(z - max z)`` with
-    ``z = logits / T``; the kept set is ``{e >= t}``, ``t`` the largest of the top-k,
-    top-p and min-p thresholds.
+    ``[R]`` (``temperature > 0``). ``e = 1 where l == max l else exp((l - max l) / T)``
+    (subtracting first: a tiny ``T`` must not overflow ``l / T``); the kept set is
+    ``{e >= t}``, ``t`` the largest of the top-k, top-p and min-p thresholds.
     """
     R, V = logits.shape
-    z = _nan_to_neg_inf(logits / temperature[:, None])
-    m = z.max(dim=-1, keepdim=True).values
-    e = torch.where(z == m, torch.ones_like(z), torch.exp(z - m))
+    m = logits.max(dim=-1, keepdim=True).values
+    e = torch.where(logits == m, 1.0, torch.exp((logits - m) / temperature[:, None]))
     t = torch.zeros(R, dtype=torch.float32)
     k_on = None if top_k is None else (top_k > 0) & (top_k < V)
     p_on = None if top_p is None else top_p < 1.0

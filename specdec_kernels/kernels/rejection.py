@@ -15,8 +15,8 @@ Two launches, no host synchronisation, no input written:
 
 Each row streams over the vocabulary in blocks of ``BLOCK`` (never a ``next_pow2(V)``
 block); every pass recomputes the fp32 weights from the logits, so nothing of size ``V``
-is stored. With ``z = logits / T`` (NaN read as ``-inf``) and ``m = max z`` the weights are
-``e = 1 where z == m else exp(z - m)``, so ``0 <= e <= 1``, the top token has ``e = 1``,
+is stored. With ``l`` the logits (NaN read as ``-inf``) and ``m = max l`` the weights are
+``e = 1 where l == m else exp((l - m) / T)``, so ``0 <= e <= 1``, the top token has ``e = 1``,
 and ``+inf`` or all ``-inf`` rows still give a proper distribution.
 
 Top-k and top-p thresholds are found without sorting: the kept set is always
@@ -56,17 +56,18 @@ def _load_logits(row_ptr, offs, V, stride_v):
 
 
 @triton.jit
-def _weights(row_ptr, offs, V, stride_v, T, m_z):
+def _weights(row_ptr, offs, V, stride_v, T, m_l):
     """Unnormalised fp32 weights ``e`` of one block (0 past V).
 
-    ``z = l / T`` with NaN (logits or ``inf / inf``) read as -inf; ``e = 1`` where
-    ``z == m_z``, else ``exp(z - m_z)``. Self-contained (no nested calls): the interpreter
-    pays for every device-function call.
+    With ``l`` the logits (NaN read as -inf) and ``m_l = max l``: ``e = 1`` where
+    ``l == m_l``, else ``exp((l - m_l) / T)``. Subtracting before dividing keeps a tiny
+    ``T`` from overflowing ``l / T`` to inf. Self-contained (no nested calls): the
+    interpreter pays for every device-function call.
     """
     l = tl.load(row_ptr + offs.to(tl.int64) * stride_v, mask=offs < V, other=float("-inf"))
-    z = l.to(tl.float32) / T
-    z = tl.where(z != z, float("-inf"), z)
-    e = tl.where(z == m_z, 1.0, tl.exp(z - m_z))
+    l = l.to(tl.float32)
+    l = tl.where(l != l, float("-inf"), l)
+    e = tl.where(l == m_l, 1.0, tl.exp((l - m_l) / T))
     return tl.where(offs < V, e, 0.0)
 
 
@@ -189,11 +190,9 @@ def _rejection_rows_kernel(
         T = 1.0
         if HAS_TEMP:
             T = tl.load(temp_ptr + b).to(tl.float32)
-        T_safe = tl.where(T == 0.0, 1.0, T)  # greedy rows never use z
 
-        # Pass A: raw max and its lowest index (greedy), and the max of z = l / T.
+        # Pass A: the max logit and its lowest index (greedy; the weights' reference).
         m_raw = float("-inf")
-        m_z = float("-inf")
         arg = 0
         for s in range(0, V, BLOCK):
             offs = s + tl.arange(0, BLOCK)
@@ -202,9 +201,7 @@ def _rejection_rows_kernel(
             bi = tl.min(tl.where(l == bm, offs, V), axis=0)
             arg = tl.where(bm > m_raw, bi, arg)
             m_raw = tl.maximum(m_raw, bm)
-            if HAS_TEMP:
-                z = l / T_safe
-                m_z = tl.maximum(m_z, tl.max(tl.where(z != z, float("-inf"), z), axis=0))
+        m_z = m_raw  # weights are exp((l - max l) / T)
         tok = arg
         acc = is_draft & (x == arg)
 

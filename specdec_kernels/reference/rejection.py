@@ -43,10 +43,9 @@ def _first_argmax(row: torch.Tensor) -> int:
 def _kept_weights(row: torch.Tensor, T: float, k: int, top_p: float, min_p: float):
     """The sampled row's kept fp32 weights ``w`` (``p = w / sum w``), literal filters."""
     V = row.shape[0]
-    z = row / torch.tensor(T, dtype=torch.float32)
-    z = z.masked_fill(torch.isnan(z), float("-inf"))
-    m = z.max()
-    e = torch.where(z == m, torch.ones_like(z), torch.exp(z - m))
+    l = row.masked_fill(torch.isnan(row), float("-inf"))
+    m = l.max()
+    e = torch.where(l == m, torch.ones_like(l), torch.exp((l - m) / torch.tensor(T)))
     keep = torch.ones(V, dtype=torch.bool)
     larger = e[None, :] > e[:, None]  # larger[x, y]: e(y) > e(x)
     if 0 < k < V:  # top-k: fewer than k tokens have a larger weight
@@ -143,5 +142,6 @@ def rejection_sample(
         if return_logprobs:
             for j, t in enumerate(emitted):
                 raw = target_logits[cu[b] + b + j].float()
+                raw = raw.masked_fill(torch.isnan(raw), float("-inf"))  # NaN counts as -inf
                 logprobs[b, j] = torch.log_softmax(raw, dim=0)[t]
     return out, num_emitted, logprobs
