@@ -28,6 +28,8 @@ FINISH_STOP = 1
 FINISH_LENGTH = 2
 """``finish_reason`` of a request that reached ``max_tokens`` or ``max_model_len``."""
 
+_INT32_MAX = 2**31 - 1
+
 
 class VerifyInputs(NamedTuple):
     """The packed verify-step inputs built by :func:`prepare_verify_inputs`.
@@ -409,7 +411,8 @@ def prepare_verify_inputs(
     ------
     ValueError
         Wrong dtype, device, ndim or shape; ``block_table`` or ``num_tokens`` not one row
-        per row of ``token_ids``; ``block_size < 1``; ``max_model_len < 1``. With value
+        per row of ``token_ids``; ``block_size < 1``; ``max_model_len < 1``;
+        ``L_max + k >= 2**31`` (int32 ``seq_lens``). With value
         checks: ``req_indices`` outside ``[-1, R)``; ``num_draft_tokens`` outside
         ``[0, k]`` or ``num_tokens`` outside ``[1, L_max]`` for a row in the batch.
     """
@@ -435,6 +438,11 @@ def prepare_verify_inputs(
     _check_req_indices(req_indices, "len(draft_token_ids)", B, R, device)
     check_int("block_size", block_size, min_value=1)
     check_int("max_model_len", max_model_len, min_value=1)
+    if L_max + k > _INT32_MAX:
+        raise ValueError(
+            f"token_ids.shape[1] + k must be <= {_INT32_MAX} so that seq_lens (int32, up to "
+            f"L + k) cannot overflow, got {L_max} + {k}"
+        )
 
     if should_check_values(
         [token_ids, num_tokens, draft_token_ids, num_draft_tokens, block_table, req_indices],

@@ -1084,3 +1084,19 @@ def test_kernels_compile_for_the_gpu():
     if proc.returncode == 3:
         pytest.skip("this Triton has no ASTSource/GPUTarget compile API")
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_prepare_verify_inputs_rejects_lengths_whose_seq_lens_overflow_int32():
+    # A stride-0 history of 2**31 - 1 columns costs no memory; L + k would wrap in int32.
+    width = 2**31 - 1
+    token_ids = torch.zeros(1, 1, dtype=torch.int32).expand(1, width)
+    with pytest.raises(ValueError, match=r"token_ids.shape\[1\] \+ k must be <= 2147483647"):
+        prepare_verify_inputs(
+            token_ids,
+            torch.tensor([width], dtype=torch.int32),
+            torch.zeros(1, 3, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32),
+            torch.zeros(1, 1, dtype=torch.int32),
+            block_size=16,
+            max_model_len=width,
+        )
