@@ -54,6 +54,11 @@ def run(argv=None) -> Path:
     if unknown:
         raise SystemExit(f"unknown families {sorted(unknown)}; choose from {list(FAMILIES)}")
 
+    if args.threads > 1 and "torch" not in sys.modules:
+        # torch's OpenMP pool and numba's pool share the cores; spinning idle workers of
+        # one starve the other (a 2-thread torch op took 85 ms instead of 2 ms next to
+        # numba's pool on the 2-core box). Passive waiting keeps both honest.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -117,7 +122,8 @@ def run(argv=None) -> Path:
         "| machine | |",
         "|---|---|",
         *[f"| {k} | {v} |" for k, v in info.items()],
-        f"| threads used | {args.threads} (torch and numba) |",
+        f"| threads used | {args.threads} (torch and numba; OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}) |",
         f"| host copy bandwidth | {copy_bw:.1f} GB/s (`dst.copy_(src)`, 256 MiB, read + write) |",
         f"| load average (1, 5, 15 min) | before {load_before}; after {load_after} |",
         f"| CPU pressure (`/proc/pressure/cpu`, some) | before {psi_before}; after "
