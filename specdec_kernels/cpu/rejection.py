@@ -121,9 +121,12 @@ def rejection_sample(
     valid = is_draft & (x >= 0) & (x < V)
     xs = torch.where(valid, x, 0)
 
-    logits = _nan_to_neg_inf(target_logits[start[rb] + rb + rj].float())  # [R, V]
-    m_raw = logits.max(dim=-1).values
-    arg = logits.argmax(dim=-1)  # the first maximum: ties -> lowest id
+    # The live rows cu[b] + b + j are exactly the first N + B rows, request-major: a view.
+    logits = target_logits[: rb.numel()].float()  # [R, V]
+    m_raw, arg = logits.max(dim=-1)  # the first maximum: ties -> lowest id
+    if bool(torch.isnan(m_raw).any()):  # NaN counts as -inf: copy only when there is one
+        logits = _nan_to_neg_inf(logits)
+        m_raw, arg = logits.max(dim=-1)
     tok = arg.clone()
     acc = is_draft & (x == arg)
 
