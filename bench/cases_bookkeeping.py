@@ -10,15 +10,15 @@ from __future__ import annotations
 import itertools
 
 import torch
+
+from bench import data
+from bench.baselines import bookkeeping_torch as eager
+from bench.harness import OP, Case
 from specdec_kernels.ops import (
     commit_accepted_tokens,
     compute_slot_mapping,
     prepare_verify_inputs,
 )
-
-from bench import data
-from bench.baselines import bookkeeping_torch as eager
-from bench.harness import OP, Case
 from specdec_kernels.reference import bookkeeping as ref
 
 K = 4

@@ -6,10 +6,10 @@ import itertools
 
 import numpy as np
 import torch
-from specdec_kernels.ops import ngram_propose
 
 from bench import data
 from bench.harness import OP, Case
+from specdec_kernels.ops import ngram_propose
 from specdec_kernels.reference.ngram import ngram_propose as reference_ngram
 
 OP_NAME = "ngram_propose"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 
 import torch
-from specdec_kernels.ops import rejection_sample
 
 from bench import data
 from bench.baselines.rejection_torch import library_uniforms, rejection_sample_torch
 from bench.harness import OP, Case
+from specdec_kernels.ops import rejection_sample
 
 OP_NAME = "rejection_sample"
 K = 4

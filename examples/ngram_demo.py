@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from specdec_kernels.ops import ngram_propose
 
 ROOT = Path(__file__).resolve().parent.parent

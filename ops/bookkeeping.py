@@ -9,6 +9,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+from specdec_kernels import cpu, kernels, reference  # noqa: F401  (subpackages)
+from specdec_kernels.cpu import bookkeeping as _cpu
+from specdec_kernels.kernels import bookkeeping as _triton
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._validation import (
     check_int,
@@ -16,10 +20,6 @@ from specdec_kernels.ops._validation import (
     check_tensor,
     should_check_values,
 )
-
-from specdec_kernels import cpu, kernels, reference  # noqa: F401  (subpackages)
-from specdec_kernels.cpu import bookkeeping as _cpu
-from specdec_kernels.kernels import bookkeeping as _triton
 
 FINISH_RUNNING = 0
 """``finish_reason`` of a request that goes on."""

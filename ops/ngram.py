@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+from specdec_kernels import cpu, kernels, reference  # noqa: F401  (subpackages)
+from specdec_kernels.cpu import ngram as _cpu
+from specdec_kernels.kernels import ngram as _triton
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._validation import (
     check_int,
@@ -12,10 +16,6 @@ from specdec_kernels.ops._validation import (
     check_tensor,
     should_check_values,
 )
-
-from specdec_kernels import cpu, kernels, reference  # noqa: F401  (subpackages)
-from specdec_kernels.cpu import ngram as _cpu
-from specdec_kernels.kernels import ngram as _triton
 
 TIE_BREAKS = ("first", "last")
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from specdec_kernels.cpu import bookkeeping as cpu_bk
+from specdec_kernels.kernels import bookkeeping as triton_bk
 from specdec_kernels.ops import (
     commit_accepted_tokens,
     compute_slot_mapping,
     prepare_verify_inputs,
 )
-
-from specdec_kernels.cpu import bookkeeping as cpu_bk
-from specdec_kernels.kernels import bookkeeping as triton_bk
 from specdec_kernels.reference import bookkeeping as ref_bk
 
 HAS_CUDA = torch.cuda.is_available()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from specdec_kernels.ops import (
     commit_accepted_tokens,
     ngram_propose,

@@ -6,10 +6,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from specdec_kernels.ops import ngram_propose
 
 from specdec_kernels.cpu import ngram as cpu_ngram
 from specdec_kernels.kernels import ngram as triton_ngram
+from specdec_kernels.ops import ngram_propose
 from specdec_kernels.reference import ngram as ref_ngram
 
 IMPLS = {

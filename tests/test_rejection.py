@@ -9,12 +9,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specdec_kernels.ops import rejection_sample
-from specdec_kernels.ops.rejection import sampling_offsets
 
 from specdec_kernels.cpu import rejection as cpu_rej
 from specdec_kernels.cpu.philox import philox_uniform
 from specdec_kernels.kernels import rejection as triton_rej
+from specdec_kernels.ops import rejection_sample
+from specdec_kernels.ops.rejection import sampling_offsets
 from specdec_kernels.reference import rejection as ref_rej
 
 INF = float("inf")

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from specdec_kernels.ops import rejection_sample
 
 from specdec_kernels.kernels import rejection as triton_rej
+from specdec_kernels.ops import rejection_sample
 
 ALPHA = 1e-4
 Z_MAX = 4.5

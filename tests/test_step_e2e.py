@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from specdec_kernels.kernels import bookkeeping as triton_bk
+from specdec_kernels.kernels import ngram as triton_ngram
+from specdec_kernels.kernels import rejection as triton_rejection
 from specdec_kernels.ops import (
     commit_accepted_tokens,
     ngram_propose,
     prepare_verify_inputs,
     rejection_sample,
 )
-
-from specdec_kernels.kernels import bookkeeping as triton_bk
-from specdec_kernels.kernels import ngram as triton_ngram
-from specdec_kernels.kernels import rejection as triton_rejection
 
 I32, I64 = torch.int32, torch.int64
 V, K, BLOCK_SIZE, MAX_MODEL_LEN = 16, 3, 4, 40

@@ -21,6 +21,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
+
+from examples.engine.kv_cache import PagedKVCache
+from examples.engine.llama import Llama
 from specdec_kernels.ops import (
     commit_accepted_tokens,
     compute_slot_mapping,
@@ -29,9 +32,6 @@ from specdec_kernels.ops import (
     rejection_sample,
 )
 from specdec_kernels.ops.rejection import sampling_offsets
-
-from examples.engine.kv_cache import PagedKVCache
-from examples.engine.llama import Llama
 
 FINISH_REASONS = {1: "stop", 2: "length"}
 
