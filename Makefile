@@ -37,6 +37,7 @@ ngram-demo: $(VENV)/.core-installed
 
 lint: $(VENV)/.core-installed
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: $(VENV)/.examples-installed $(VENV)/.bench-installed lint
 	$(BIN)/python -m pytest -q --durations=15
