@@ -72,6 +72,23 @@ for logits, flags in (("*fp32", (False,) * 6), ("*bf16", (True,) * 6),
 print("compiled")
 """
 
+_BOOKKEEPING = r"""
+from specdec_kernels.kernels import bookkeeping as K
+i64 = {"positions_ptr": "*i64", "slot_ptr": "*i64"}
+for flag in (True, False):
+    build(K._slot_mapping_kernel,
+          dict(HAS_REQ_INDICES=flag, HAS_MAX_MODEL_LEN=flag, BLOCK=1024), i64)
+    kb = 4 if flag else 1
+    build(K._commit_kernel,
+          dict(HAS_REQ_INDICES=flag, HAS_STOP=flag, HAS_PROMPT=flag, HAS_MIN_TOKENS=flag,
+               HAS_MAX_TOKENS=flag, HAS_COMPUTED=flag, KB=kb, SB=2, k1=kb),
+          {"finished_ptr": "*i1", "reason_ptr": "*i8"})
+for k, kb in ((0, 1), (1, 2), (3, 4)):  # k = 1 is what Triton's specialisation makes of it
+    build(K._prepare_verify_kernel,
+          dict(HAS_REQ_INDICES=k > 0, ROWS=64, KB=kb, SCAN_BLOCK=1024, k=k, block_size=1), i64)
+print("compiled")
+"""
+
 
 def compile_for_gpu(script: str) -> None:
     """Run ``_PRELUDE + script`` in a subprocess without the interpreter; skip if unsupported."""
@@ -96,3 +113,8 @@ def test_ngram_kernels_compile_for_the_gpu():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
 def test_rejection_kernels_compile_for_the_gpu():
     compile_for_gpu(_REJECTION)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
+def test_bookkeeping_kernels_compile_for_the_gpu():
+    compile_for_gpu(_BOOKKEEPING)
