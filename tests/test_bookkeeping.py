@@ -27,6 +27,10 @@ ALL = (*IMPLS, "public")
 MODULES = {"reference": ref_bk, "cpu": cpu_bk, "triton": triton_bk}
 
 
+# Where the Triton launchers run: CUDA on a GPU machine, else the CPU (interpreter).
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _i32(x):
     return torch.tensor(x, dtype=I32)
 
@@ -42,7 +46,9 @@ def _cpu(out):
 # ---------------------------------------------------------------- callers
 
 
-def slot_mapping(impl, bt, pos, qsl, req=None, *, block_size, max_model_len=None, device="cpu"):
+def slot_mapping(
+    impl, bt, pos, qsl, req=None, *, block_size, max_model_len=None, device=KERNEL_DEVICE
+):
     if impl == "public":
         return compute_slot_mapping(
             bt, pos, qsl, req, block_size=block_size, max_model_len=max_model_len
@@ -61,7 +67,7 @@ def slot_mapping(impl, bt, pos, qsl, req=None, *, block_size, max_model_len=None
 
 
 def verify_inputs(
-    impl, tok, nt, drafts, nd, bt, req=None, *, block_size, max_model_len, device="cpu"
+    impl, tok, nt, drafts, nd, bt, req=None, *, block_size, max_model_len, device=KERNEL_DEVICE
 ):
     if impl == "public":
         return tuple(
@@ -75,7 +81,7 @@ def verify_inputs(
     return _cpu(fn(*args, block_size=block_size, max_model_len=max_model_len))
 
 
-def commit(impl, state, out, emitted, req=None, *, device="cpu", **kw):
+def commit(impl, state, out, emitted, req=None, *, device=KERNEL_DEVICE, **kw):
     """Run one commit on a copy of ``state`` (token_ids, num_tokens, num_computed or None).
 
     Returns ``(result, new_state)``; the copies keep the strides of the originals.

@@ -57,6 +57,8 @@ def _run(
             )
         )
     fn = IMPLS[impl]
+    if impl == "triton" and device is None and torch.cuda.is_available():
+        device = torch.device("cuda")  # the launchers run on CPU tensors only when interpreted
     if impl == "triton" and device is not None:
         to = lambda t: None if t is None else t.to(device)  # noqa: E731
         out = fn(

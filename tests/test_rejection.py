@@ -73,6 +73,8 @@ def run(impl: str, batch: Batch, device=None, *, logprobs: bool = True):
         )
         return tuple(out)
     args = batch.tensors()
+    if impl == "triton" and device is None and torch.cuda.is_available():
+        device = torch.device("cuda")  # the launchers run on CPU tensors only when interpreted
     if impl == "triton" and device is not None:
         args = tuple(None if t is None else t.to(device) for t in args)
     out = IMPLS[impl](*args, num_speculative_tokens=batch.k, return_logprobs=logprobs)
