@@ -273,22 +273,19 @@ class Engine:
     def _step(self, running: list[_Running], sampled: bool, use_top_p: bool):
         """One decode step for the running requests; returns the host read-back."""
         dev = self.device
-        B, k = len(running), self.k
+        k = self.k
         req_indices = torch.tensor([q.row for q in running], dtype=torch.int32, device=dev)
         rows = req_indices.long()
-        if k > 0:
-            drafts, num_drafts = ngram_propose(
-                self.token_ids,
-                self.num_tokens,
-                req_indices,
-                min_n=self.min_n,
-                max_n=self.max_n,
-                num_speculative_tokens=k,
-                max_model_len=self.max_model_len,
-            )
-        else:
-            drafts = torch.empty((B, 0), dtype=torch.int32, device=dev)
-            num_drafts = torch.zeros((B,), dtype=torch.int32, device=dev)
+        # k = 0 (plain decoding) runs the same ops: no drafts, one query token per request.
+        drafts, num_drafts = ngram_propose(
+            self.token_ids,
+            self.num_tokens,
+            req_indices,
+            min_n=self.min_n,
+            max_n=self.max_n,
+            num_speculative_tokens=k,
+            max_model_len=self.max_model_len,
+        )
         vi = prepare_verify_inputs(
             self.token_ids,
             self.num_tokens,
