@@ -19,6 +19,27 @@ PAD_SLOT = -1
 
 __version__ = "0.1.0"
 
+
+def _find_ops_in_source_tree() -> None:
+    """Let ``specdec_kernels.ops`` resolve to the repository's top-level ``ops/`` folder.
+
+    Installs map ``ops/`` to ``specdec_kernels/ops`` (pyproject package-dir). A source
+    checkout used without installing (``python -m pytest`` from the repository root, the
+    GPU check on a machine where nothing is installed) has no such folder, so the
+    repository root joins this package's search path; in a wheel the condition is false.
+    """
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if not os.path.isdir(os.path.join(here, "ops")) and os.path.isfile(
+        os.path.join(root, "ops", "_library.py")
+    ):
+        __path__.append(root)
+
+
+_find_ops_in_source_tree()
+
 from specdec_kernels import ops  # noqa: E402  (registers torch.ops.specdec.*)
 
 __all__ = ["PLACEHOLDER", "PAD_SLOT", "ops", "__version__"]
