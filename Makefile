@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # override e.g. TORCH_SPEC='torch>=2.4' to use another build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint bench ngram-demo clean
+.PHONY: demo test lint bench ngram-demo gpu-wheelhouse clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ test: $(VENV)/.examples-installed $(VENV)/.bench-installed lint
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench
+
+# Pure-Python wheels of the test tools for a GPU machine that has torch and triton but no
+# pytest: carry .wheelhouse/ with the working tree; bench/gpu_check.sh unpacks it.
+gpu-wheelhouse: $(VENV)/.core-installed
+	$(BIN)/pip download -q --only-binary=:all: --python-version 3.10 --implementation py \
+		--abi none --platform any -d .wheelhouse pytest hypothesis pytest-xdist \
+		exceptiongroup tomli typing-extensions
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks

@@ -4,7 +4,7 @@
 #   bash bench/gpu_check.sh            # from anywhere; uses .venv/bin/python if present
 #   PYTHON=python3 bash bench/gpu_check.sh
 #
-# Installs nothing and needs no network. Whole script < 5 minutes on one GPU: every stage
+# Installs nothing and needs no network (test tools come from a carried .wheelhouse/). Whole script < 5 minutes on one GPU: every stage
 # has its own time limit (seconds, overridable), so a slow stage cannot eat the others:
 #   GPU_TESTS_TIMEOUT (default 60):     pytest -m gpu (tests that need CUDA)
 #   KERNEL_TESTS_TIMEOUT (default 120): the kernel-vs-reference tests, now on CUDA
@@ -27,6 +27,22 @@ fi
 "$PY" -c 'import torch, triton; print("torch", torch.__version__, "| triton", triton.__version__,
       "| CUDA", torch.version.cuda, "|", torch.cuda.get_device_name())'
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+
+# The test tools, if this machine lacks them: pure-Python wheels from .wheelhouse/ (made
+# here by `make gpu-wheelhouse` and carried with the working tree), unpacked into a
+# temporary folder on PYTHONPATH. Nothing is installed into the machine's Python.
+if ! "$PY" -c 'import pytest, hypothesis' 2>/dev/null; then
+    if ls .wheelhouse/*.whl >/dev/null 2>&1; then
+        site=$(mktemp -d)
+        "$PY" -c 'import glob, sys, zipfile
+for w in glob.glob(".wheelhouse/*.whl"):
+    zipfile.ZipFile(w).extractall(sys.argv[1])' "$site"
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+        echo "gpu_check: pytest/hypothesis from .wheelhouse (unpacked in $site)"
+    else
+        echo "gpu_check: pytest or hypothesis missing and no .wheelhouse/ (run make gpu-wheelhouse and carry it)" >&2
+    fi
+fi
 
 # The kernels must run compiled, not interpreted.
 unset TRITON_INTERPRET
