@@ -32,7 +32,7 @@ def _find_ops_in_source_tree() -> None:
 
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
-    if not os.path.isdir(os.path.join(here, "ops")) and os.path.isfile(
+    if not os.path.isfile(os.path.join(here, "ops", "__init__.py")) and os.path.isfile(
         os.path.join(root, "ops", "_library.py")
     ):
         __path__.append(root)

@@ -385,7 +385,7 @@ class Engine:
                 stats.tokens += n_com[b]
                 stats.drafts += n_draft[b]
                 # drafts kept and committed (a stop token or the budget may cut the block)
-                stats.accepted += max(min(n_emit[b], n_com[b]) - 1, 0)
+                stats.accepted += max(min(n_emit[b] - 1, n_com[b]), 0)  # drafts kept and committed
                 if reason[b]:
                     # Keep the output on the device; read it back once, after the run.
                     out = self.token_ids[q.row, q.prompt_len : q.num_tokens].clone()
