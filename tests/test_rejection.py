@@ -1036,3 +1036,25 @@ def test_sampling_offsets_of_padding_rows_over_empty_state():
         torch.zeros(0, dtype=torch.int32), torch.tensor([-1, -1], dtype=torch.int32)
     )
     assert out.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu", "triton"])
+def test_logit_differences_near_the_float32_limit_do_not_overflow(impl, kernel_device):
+    # l - max l = -4e38 overflows float32; the weights must still be softmax(l / T).
+    logits = torch.tensor([[2e38, -2e38, 0.0]])
+    T = 3e38
+    p = torch.softmax(torch.tensor([2e38 / T, -2e38 / T, 0.0], dtype=torch.float64), 0)
+    w = cpu_rej.target_weights(logits, torch.tensor([T]), None, None, None)[0]
+    torch.testing.assert_close(w.double() / w.double().sum(), p, atol=1e-6, rtol=0)
+    B = 400
+    batch = Batch(
+        logits=logits.repeat(B, 1),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=torch.zeros(B + 1, dtype=torch.int32),
+        k=0,
+        temperature=torch.full((B,), T),
+        seeds=torch.arange(B, dtype=torch.int64),
+        offsets=torch.zeros(B, dtype=torch.int64),
+    )
+    tokens, _, _ = run(impl, batch, kernel_device, logprobs=False)
+    assert (tokens[:, 0] == 1).sum() > 20  # p(1) = 0.148; the overflow made it 0

@@ -39,7 +39,10 @@ def target_weights(
     """
     R, V = logits.shape
     m = logits.max(dim=-1, keepdim=True).values
-    e = torch.where(logits == m, 1.0, torch.exp((logits - m) / temperature[:, None]))
+    # (l/2 - m/2) / T * 2 equals (l - m) / T bit for bit, but cannot overflow when l and m
+    # are finite of opposite signs near float32's limit.
+    half = logits * 0.5 - m * 0.5
+    e = torch.where(logits == m, 1.0, torch.exp(half / temperature[:, None] * 2.0))
     t = torch.zeros(R, dtype=torch.float32)
     k_on = None if top_k is None else (top_k > 0) & (top_k < V)
     p_on = None if top_p is None else top_p < 1.0

@@ -61,13 +61,14 @@ def _weights(row_ptr, offs, V, stride_v, T, m_l):
 
     With ``l`` the logits (NaN read as -inf) and ``m_l = max l``: ``e = 1`` where
     ``l == m_l``, else ``exp((l - m_l) / T)``. Subtracting before dividing keeps a tiny
-    ``T`` from overflowing ``l / T`` to inf. Self-contained (no nested calls): the
-    interpreter pays for every device-function call.
+    ``T`` from overflowing ``l / T`` to inf; halving first (``(l/2 - m_l/2) / T * 2``, the
+    same value bit for bit) keeps ``l - m_l`` itself from overflowing near 3.4e38.
+    Self-contained (no nested calls): the interpreter pays for every device-function call.
     """
     l = tl.load(row_ptr + offs.to(tl.int64) * stride_v, mask=offs < V, other=float("-inf"))
     l = l.to(tl.float32)
     l = tl.where(l != l, float("-inf"), l)
-    e = tl.where(l == m_l, 1.0, tl.exp((l - m_l) / T))
+    e = tl.where(l == m_l, 1.0, tl.exp((l * 0.5 - m_l * 0.5) / T * 2.0))
     return tl.where(offs < V, e, 0.0)
 
 

@@ -45,7 +45,10 @@ def _kept_weights(row: torch.Tensor, T: float, k: int, top_p: float, min_p: floa
     V = row.shape[0]
     l = row.masked_fill(torch.isnan(row), float("-inf"))
     m = l.max()
-    e = torch.where(l == m, torch.ones_like(l), torch.exp((l - m) / torch.tensor(T)))
+    # (l/2 - m/2) / T * 2 == (l - m) / T, without overflow when l and m are near +-3.4e38
+    e = torch.where(
+        l == m, torch.ones_like(l), torch.exp((l * 0.5 - m * 0.5) / torch.tensor(T) * 2)
+    )
     keep = torch.ones(V, dtype=torch.bool)
     larger = e[None, :] > e[:, None]  # larger[x, y]: e(y) > e(x)
     if 0 < k < V:  # top-k: fewer than k tokens have a larger weight
