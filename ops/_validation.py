@@ -68,3 +68,30 @@ def should_check_values(tensors: Sequence[torch.Tensor | None], validate: bool |
     if validate is not None:
         return bool(validate)
     return all(t.device.type == "cpu" for t in present)
+
+
+def check_req_indices_values(
+    req_indices: torch.Tensor | None, R: int, *, unique: bool = False, what: str = "state rows"
+) -> None:
+    """Value check of ``req_indices``: in ``[-1, R)`` and (optionally) unique apart from -1."""
+    if req_indices is None or req_indices.numel() == 0:
+        return
+    lo, hi = int(req_indices.min()), int(req_indices.max())
+    if lo < -1 or hi >= R:
+        raise ValueError(
+            f"req_indices must lie in [-1, {R}) ({what}; -1 = padding), got values in [{lo}, {hi}]"
+        )
+    if unique:
+        live = req_indices[req_indices >= 0]
+        if live.unique().numel() != live.numel():
+            raise ValueError("req_indices must be unique (apart from -1 padding rows)")
+
+
+def check_value_range(name: str, values: torch.Tensor, lo: int, hi: int, what: str = "") -> None:
+    """Value check: every entry of ``values`` in ``[lo, hi]``."""
+    if values.numel() == 0:
+        return
+    vmin, vmax = int(values.min()), int(values.max())
+    if vmin < lo or vmax > hi:
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"{name} must lie in [{lo}, {hi}]{extra}, got values in [{vmin}, {vmax}]")

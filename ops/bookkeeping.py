@@ -16,8 +16,10 @@ from specdec_kernels.kernels import bookkeeping as _triton
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._validation import (
     check_int,
+    check_req_indices_values,
     check_shape,
     check_tensor,
+    check_value_range,
     should_check_values,
 )
 
@@ -195,37 +197,12 @@ def _optional(name, t, *, dtype, ndim, device):
     return None if t is None else check_tensor(name, t, dtype=dtype, ndim=ndim, device=device)
 
 
-def _check_rows(req_indices: torch.Tensor | None, R: int, *, unique: bool = False) -> None:
-    """Value checks of ``req_indices``: in ``[-1, R)`` and (optionally) unique apart from -1."""
-    if req_indices is None or req_indices.numel() == 0:
-        return
-    lo, hi = int(req_indices.min()), int(req_indices.max())
-    if lo < -1 or hi >= R:
-        raise ValueError(
-            f"req_indices must lie in [-1, {R}) (state rows; -1 = padding), "
-            f"got values in [{lo}, {hi}]"
-        )
-    if unique:
-        live = req_indices[req_indices >= 0]
-        if live.unique().numel() != live.numel():
-            raise ValueError("req_indices must be unique (apart from -1 padding rows)")
-
-
 def _batch_rows(req_indices: torch.Tensor | None, B: int) -> torch.Tensor:
     """The state rows of the batch's real rows (int64), for value checks."""
     if req_indices is None:
         return torch.arange(B)
     rows = req_indices.long()
     return rows[rows >= 0]
-
-
-def _check_range(name: str, values: torch.Tensor, lo: int, hi: int, what: str = "") -> None:
-    if values.numel() == 0:
-        return
-    vmin, vmax = int(values.min()), int(values.max())
-    if vmin < lo or vmax > hi:
-        extra = f" ({what})" if what else ""
-        raise ValueError(f"{name} must lie in [{lo}, {hi}]{extra}, got values in [{vmin}, {vmax}]")
 
 
 def _check_req_indices(req_indices, B_name: str, B: int | None, R: int, device):
@@ -332,7 +309,7 @@ def compute_slot_mapping(
             )
         if B and bool((qsl[1:] < qsl[:-1]).any()):
             raise ValueError("query_start_loc must be non-decreasing")
-        _check_rows(req_indices, R)
+        check_req_indices_values(req_indices, R)
 
     return torch.ops.specdec.compute_slot_mapping(
         block_table,
@@ -448,13 +425,13 @@ def prepare_verify_inputs(
         [token_ids, num_tokens, draft_token_ids, num_draft_tokens, block_table, req_indices],
         validate,
     ):
-        _check_rows(req_indices, R)
+        check_req_indices_values(req_indices, R)
         live = torch.arange(B) if req_indices is None else (req_indices >= 0).nonzero()[:, 0]
-        _check_range(
+        check_value_range(
             "num_draft_tokens", num_draft_tokens[live], 0, k, "k = draft_token_ids.shape[1]"
         )
         rows = _batch_rows(req_indices, B)
-        _check_range(
+        check_value_range(
             "num_tokens",
             num_tokens[rows],
             1,
@@ -614,10 +591,10 @@ def commit_accepted_tokens(
         num_computed_tokens,
     ]
     if should_check_values(tensors, validate):
-        _check_rows(req_indices, R, unique=True)
-        _check_range("num_emitted", num_emitted, 0, k1, "k+1 = output_token_ids.shape[1]")
+        check_req_indices_values(req_indices, R, unique=True)
+        check_value_range("num_emitted", num_emitted, 0, k1, "k+1 = output_token_ids.shape[1]")
         rows = _batch_rows(req_indices, B)
-        _check_range(
+        check_value_range(
             "num_tokens",
             num_tokens[rows],
             0,

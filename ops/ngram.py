@@ -12,8 +12,10 @@ from specdec_kernels.kernels import ngram as _triton
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._validation import (
     check_int,
+    check_req_indices_values,
     check_shape,
     check_tensor,
+    check_value_range,
     should_check_values,
 )
 
@@ -183,20 +185,12 @@ def ngram_propose(
         raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
 
     if should_check_values([token_ids, num_tokens, req_indices, max_draft_tokens], validate):
-        if req_indices is not None and req_indices.numel():
-            lo, hi = int(req_indices.min()), int(req_indices.max())
-            if lo < -1 or hi >= R:
-                raise ValueError(
-                    f"req_indices must lie in [-1, {R}) (rows of token_ids; -1 = padding), "
-                    f"got values in [{lo}, {hi}]"
-                )
+        check_req_indices_values(req_indices, R, what="rows of token_ids")
         # only the rows in the batch are read, so only they must be consistent
         lengths = num_tokens if req_indices is None else num_tokens[req_indices[req_indices >= 0]]
-        if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > L_max):
-            raise ValueError(
-                f"num_tokens must lie in [0, {L_max}] (token_ids.shape[1]) for the rows in the "
-                f"batch, got values in [{int(lengths.min())}, {int(lengths.max())}]"
-            )
+        check_value_range(
+            "num_tokens", lengths, 0, L_max, "token_ids.shape[1], for the rows in the batch"
+        )
         if max_draft_tokens is not None and max_draft_tokens.numel():
             if int(max_draft_tokens.min()) < 0:
                 raise ValueError(

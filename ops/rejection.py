@@ -12,6 +12,7 @@ from specdec_kernels.kernels import rejection as _triton
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._validation import (
     check_int,
+    check_req_indices_values,
     check_shape,
     check_tensor,
     should_check_values,
@@ -71,13 +72,8 @@ def sampling_offsets(
     req_indices = check_tensor(
         "req_indices", req_indices, dtype=torch.int32, ndim=1, device=num_tokens.device
     )
-    if should_check_values([num_tokens, req_indices], None) and req_indices.numel():
-        lo, hi = int(req_indices.min()), int(req_indices.max())
-        if lo < -1 or hi >= num_tokens.shape[0]:
-            raise ValueError(
-                f"req_indices must lie in [-1, {num_tokens.shape[0]}) (rows of num_tokens; "
-                f"-1 = padding), got values in [{lo}, {hi}]"
-            )
+    if should_check_values([num_tokens, req_indices], None):
+        check_req_indices_values(req_indices, num_tokens.shape[0], what="rows of num_tokens")
     if num_tokens.shape[0] == 0:  # no state rows: every batch row is padding
         return torch.zeros(req_indices.shape, dtype=torch.int64, device=num_tokens.device)
     rows = req_indices.to(torch.int64)
