@@ -19,7 +19,8 @@ from specdec_kernels.ops import (
     compute_slot_mapping,
     prepare_verify_inputs,
 )
-from specdec_kernels.reference import bookkeeping as ref
+from specdec_kernels.reference import commit as ref_commit
+from specdec_kernels.reference import verify_inputs as ref
 
 K = 4
 BATCHES = (1, 16, 64, 256)
@@ -98,7 +99,7 @@ def _commit_case(B: int, st: dict) -> Case:
     def call(impl):
         s = state[impl]
         if impl == "reference":
-            return ref.commit_accepted_tokens(
+            return ref_commit.commit_accepted_tokens(
                 s["token_ids"],
                 s["num_tokens"],
                 *fixed,
@@ -106,8 +107,8 @@ def _commit_case(B: int, st: dict) -> Case:
                 kw["num_prompt_tokens"],
                 kw["min_tokens"],
                 kw["max_tokens"],
-                kw["max_model_len"],
                 s["num_computed_tokens"],
+                max_model_len=kw["max_model_len"],
             )
         fn = commit_accepted_tokens if impl == OP else eager.commit_accepted_tokens_torch
         res = fn(

@@ -1,26 +1,42 @@
 """The public API: validated, typed wrappers around the ``torch.ops.specdec`` operators.
 
 Installed as ``specdec_kernels.ops`` (the ``ops/`` folder at the repository root is
-mapped there by ``pyproject.toml``). Importing it registers every operator.
+mapped there by ``pyproject.toml``). Importing it registers every operator; it does not
+import Triton, which loads at the first CUDA call (``ops/_library.py``).
 """
 
-from specdec_kernels.ops.bookkeeping import (
-    CommitResult,
-    VerifyInputs,
-    commit_accepted_tokens,
-    compute_slot_mapping,
-    prepare_verify_inputs,
+from specdec_kernels.constants import (
+    FINISH_LENGTH,
+    FINISH_REASON_NAMES,
+    FINISH_RUNNING,
+    FINISH_STOP,
+    PAD_SLOT,
+    PLACEHOLDER,
 )
+from specdec_kernels.ops.commit import CommitResult, commit_accepted_tokens
 from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
 from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample, sampling_offsets
+from specdec_kernels.ops.verify_inputs import (
+    VerifyInputs,
+    compute_slot_mapping,
+    exclusive_cu_num_draft_tokens,
+    prepare_verify_inputs,
+)
 
 __all__ = [
+    "FINISH_LENGTH",
+    "FINISH_REASON_NAMES",
+    "FINISH_RUNNING",
+    "FINISH_STOP",
+    "PAD_SLOT",
+    "PLACEHOLDER",
     "CommitResult",
     "NgramProposal",
     "RejectionOutput",
     "VerifyInputs",
     "commit_accepted_tokens",
     "compute_slot_mapping",
+    "exclusive_cu_num_draft_tokens",
     "ngram_propose",
     "prepare_verify_inputs",
     "rejection_sample",

@@ -1,12 +1,20 @@
-"""The one ``torch.library.Library`` of this project and its registration helpers.
+"""The one ``torch.library.Library`` of this project and its registration helper.
 
-Every op family module (``ops/<family>.py``) defines its schema here with
-:func:`define`, registers a CPU impl (``specdec_kernels/cpu``), a CUDA impl
-(``specdec_kernels/kernels``) and a fake (shape-only, built with ``new_empty``).
+Every op family module (``ops/<family>.py``) defines its schema here with :func:`define`
+and registers, directly and without wrappers, a CPU function (``specdec_kernels/cpu``),
+a CUDA function (``specdec_kernels/kernels``, the Triton launcher) and a fake (shape
+only, built with ``new_empty``). All three take the schema's arguments as they are
+written: tensors positionally, the Python ints, bools and strings after the ``*`` as
+keywords. See ``docs/design.md``, "Layers".
+
+Triton is imported only when the first CUDA tensor reaches an op, so the package imports
+and runs its CPU path on machines where Triton is not installed (macOS, CPU-only
+Windows).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -16,10 +24,34 @@ NAMESPACE = "specdec"
 lib = torch.library.Library(NAMESPACE, "DEF")
 
 
-def define(schema: str, *, cpu: Callable, cuda: Callable, fake: Callable) -> None:
-    """Define ``specdec::<name>`` from ``schema`` and register its CPU, CUDA and fake impls."""
+def _lazy(target: str) -> Callable:
+    """A CUDA impl that imports ``"package.module:function"`` on its first call."""
+    module, attr = target.split(":")
+    resolved: list[Callable] = []
+
+    def cuda_impl(*args, **kwargs):
+        if not resolved:
+            try:
+                resolved.append(getattr(importlib.import_module(module), attr))
+            except ImportError as err:
+                raise RuntimeError(
+                    f"specdec_kernels needs Triton for CUDA tensors ({err}); "
+                    "pip install triton, or pass CPU tensors"
+                ) from err
+        return resolved[0](*args, **kwargs)
+
+    cuda_impl.__name__ = cuda_impl.__qualname__ = f"cuda:{target}"
+    return cuda_impl
+
+
+def define(schema: str, *, cpu: Callable, cuda: str, fake: Callable) -> None:
+    """Define ``specdec::<name>`` from ``schema`` and register its CPU, CUDA and fake impls.
+
+    ``cuda`` names the Triton launcher as ``"specdec_kernels.kernels.<family>:<name>"``;
+    it is imported at the first CUDA call (see the module docstring).
+    """
     name = schema.split("(", 1)[0]
     lib.define(schema)
     lib.impl(name, cpu, "CPU")
-    lib.impl(name, cuda, "CUDA")
+    lib.impl(name, _lazy(cuda) if isinstance(cuda, str) else cuda, "CUDA")  # TODO(tidy): str only
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)

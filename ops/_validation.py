@@ -1,9 +1,10 @@
 """Input checks shared by the public op wrappers.
 
-Policy (DESIGN.md): dtype, device, ndim and shape checks always run; checks that need
-tensor *values* run only on CPU tensors or when the caller passes ``validate=True``, and
-never while ``torch.compile`` traces or a CUDA graph captures (a GPU op must not
-synchronise with the host). Every failure is a ``ValueError`` naming the argument.
+Policy (``docs/design.md``, "Validation"): dtype, device, ndim and shape checks always
+run; checks that need tensor *values* run only on CPU tensors or when the caller passes
+``validate=True``, and never while ``torch.compile`` traces or a CUDA graph captures (a
+GPU op must not synchronise with the host). Every failure is a ``ValueError`` naming the
+argument.
 """
 
 from __future__ import annotations
@@ -42,13 +43,60 @@ def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], what: str =
         raise ValueError(f"{name} must have shape {tuple(expected)}{extra}, got {tuple(t.shape)}")
 
 
-def check_int(name: str, value: object, *, min_value: int | None = None) -> int:
-    """Check that ``value`` is a Python int (not bool) and at least ``min_value``."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def check_int(
+    name: str, value: object, *, min_value: int | None = None, max_value: int | None = None
+) -> int:
+    """Check that ``value`` is a Python int (not bool) in ``[min_value, max_value]``.
+
+    Every int must also fit the schema's int64: a larger one would otherwise reach the
+    dispatcher and fail there with a ``RuntimeError``.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be a Python int, got {type(value).__name__}")
     if min_value is not None and value < min_value:
         raise ValueError(f"{name} must be >= {min_value}, got {value}")
+    if max_value is not None and value > max_value:
+        raise ValueError(f"{name} must be <= {max_value}, got {value}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{name} must fit in int64 (|{name}| < 2**63), got {value}")
     return value
+
+
+def check_optional_tensor(name: str, t: object, **kw) -> torch.Tensor | None:
+    """:func:`check_tensor` for an optional argument: ``None`` passes."""
+    return None if t is None else check_tensor(name, t, **kw)
+
+
+def check_req_indices(
+    req_indices: torch.Tensor | None, B_name: str, B: int | None, R: int | None, device
+) -> int | None:
+    """Shape check of ``req_indices`` against the batch size; returns the batch size B.
+
+    Without ``req_indices`` batch row ``b`` uses state row ``b``, so ``B <= R`` (``R``
+    None: the number of state rows is not known from the inputs).
+    """
+    if req_indices is None:
+        if B is not None and R is not None and B > R:
+            raise ValueError(
+                f"without req_indices batch row b uses state row b, so {B_name} ({B}) must be "
+                f"<= the number of state rows ({R})"
+            )
+        return B
+    req_indices = check_tensor("req_indices", req_indices, dtype=torch.int32, ndim=1, device=device)
+    if B is not None:
+        check_shape("req_indices", req_indices, (B,), f"one state row per batch row, {B_name}")
+    return req_indices.shape[0]
+
+
+def batch_state_rows(req_indices: torch.Tensor | None, B: int) -> torch.Tensor:
+    """The state rows of the batch's real rows (int64), for value checks."""
+    if req_indices is None:
+        return torch.arange(B)
+    rows = req_indices.long()
+    return rows[rows >= 0]
 
 
 def _is_capturing(t: torch.Tensor) -> bool:
@@ -71,15 +119,21 @@ def should_check_values(tensors: Sequence[torch.Tensor | None], validate: bool |
 
 
 def check_req_indices_values(
-    req_indices: torch.Tensor | None, R: int, *, unique: bool = False, what: str = "state rows"
+    req_indices: torch.Tensor | None,
+    R: int | None,
+    *,
+    unique: bool = False,
+    what: str = "state rows",
 ) -> None:
-    """Value check of ``req_indices``: in ``[-1, R)`` and (optionally) unique apart from -1."""
+    """Value check of ``req_indices``: in ``[-1, R)`` (``R`` None: ``>= -1``) and
+    (optionally) unique apart from -1."""
     if req_indices is None or req_indices.numel() == 0:
         return
     lo, hi = int(req_indices.min()), int(req_indices.max())
-    if lo < -1 or hi >= R:
+    if lo < -1 or (R is not None and hi >= R):
+        want = f"[-1, {R})" if R is not None else ">= -1"
         raise ValueError(
-            f"req_indices must lie in [-1, {R}) ({what}; -1 = padding), got values in [{lo}, {hi}]"
+            f"req_indices must lie in {want} ({what}; -1 = padding), got values in [{lo}, {hi}]"
         )
     if unique:
         live = req_indices[req_indices >= 0]

@@ -6,9 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from specdec_kernels import cpu, kernels, reference  # noqa: F401  (subpackages)
 from specdec_kernels.cpu import ngram as _cpu
-from specdec_kernels.kernels import ngram as _triton
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._validation import (
     check_int,
@@ -31,38 +29,12 @@ class NgramProposal(NamedTuple):
     """int32 ``[B]``: how many drafts row ``b`` got, in ``[0, k]``."""
 
 
-def _impl(cpu_or_cuda):
-    def impl(
-        token_ids,
-        num_tokens,
-        req_indices,
-        max_draft_tokens,
-        min_n,
-        max_n,
-        num_speculative_tokens,
-        max_model_len,
-        tie_break,
-    ):
-        return cpu_or_cuda(
-            token_ids,
-            num_tokens,
-            req_indices,
-            max_draft_tokens,
-            min_n=min_n,
-            max_n=max_n,
-            num_speculative_tokens=num_speculative_tokens,
-            max_model_len=max_model_len,
-            tie_break=tie_break,
-        )
-
-    return impl
-
-
 def _fake(
     token_ids,
     num_tokens,
     req_indices,
     max_draft_tokens,
+    *,
     min_n,
     max_n,
     num_speculative_tokens,
@@ -78,10 +50,10 @@ def _fake(
 
 define(
     "ngram_propose(Tensor token_ids, Tensor num_tokens, Tensor? req_indices, "
-    "Tensor? max_draft_tokens, int min_n, int max_n, int num_speculative_tokens, "
+    "Tensor? max_draft_tokens, *, int min_n, int max_n, int num_speculative_tokens, "
     "int? max_model_len, str tie_break) -> (Tensor, Tensor)",
-    cpu=_impl(_cpu.ngram_propose),
-    cuda=_impl(_triton.ngram_propose),
+    cpu=_cpu.ngram_propose,
+    cuda="specdec_kernels.kernels.ngram:ngram_propose",
     fake=_fake,
 )
 
@@ -202,10 +174,10 @@ def ngram_propose(
         num_tokens.contiguous(),
         None if req_indices is None else req_indices.contiguous(),
         None if max_draft_tokens is None else max_draft_tokens.contiguous(),
-        min_n,
-        max_n,
-        num_speculative_tokens,
-        max_model_len,
-        tie_break,
+        min_n=min_n,
+        max_n=max_n,
+        num_speculative_tokens=num_speculative_tokens,
+        max_model_len=max_model_len,
+        tie_break=tie_break,
     )
     return NgramProposal(drafts, counts)

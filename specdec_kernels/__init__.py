@@ -9,13 +9,12 @@ Layers
 - ``specdec_kernels.kernels``: Triton kernels and their launchers (the CUDA path).
 - ``specdec_kernels.cpu``: vectorised torch implementations (the CPU path).
 - ``specdec_kernels.reference``: plain, obviously correct implementations (test oracle).
+- ``specdec_kernels.constants``: ``PLACEHOLDER``, ``PAD_SLOT``, the finish reasons.
+
+``docs/design.md`` has the contracts and which layer may import which.
 """
 
-PLACEHOLDER = -1
-"""Marks "no token" in every token-id output (draft padding, emitted-token padding)."""
-
-PAD_SLOT = -1
-"""Slot id of a token that must not be written to the KV cache."""
+from specdec_kernels.constants import PAD_SLOT, PLACEHOLDER
 
 __version__ = "0.1.0"
 

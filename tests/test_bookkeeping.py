@@ -1,30 +1,50 @@
 """Step bookkeeping ops: named cases, CPU path == reference == Triton kernel, registration, errors.
 
-``compute_slot_mapping``, ``prepare_verify_inputs`` and ``commit_accepted_tokens``
-(DESIGN.md ops 3, 4, 5). The Triton launchers run on CPU tensors under the interpreter.
+``compute_slot_mapping`` and ``prepare_verify_inputs`` (family ``verify_inputs``) and
+``commit_accepted_tokens`` (family ``commit``); contracts in ``docs/design.md``. The Triton
+launchers run on CPU tensors under the interpreter.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_kernels.cpu import bookkeeping as cpu_bk
-from specdec_kernels.kernels import bookkeeping as triton_bk
+from specdec_kernels.cpu import commit as cpu_commit
+from specdec_kernels.cpu import verify_inputs as cpu_verify
+from specdec_kernels.kernels import commit as triton_commit
+from specdec_kernels.kernels import verify_inputs as triton_verify
 from specdec_kernels.ops import (
     commit_accepted_tokens,
     compute_slot_mapping,
     prepare_verify_inputs,
 )
-from specdec_kernels.reference import bookkeeping as ref_bk
+from specdec_kernels.reference import commit as ref_commit
+from specdec_kernels.reference import verify_inputs as ref_verify
 
 HAS_CUDA = torch.cuda.is_available()
 I32, I64 = torch.int32, torch.int64
 IMPLS = ("reference", "cpu", "triton")
 ALL = (*IMPLS, "public")
-MODULES = {"reference": ref_bk, "cpu": cpu_bk, "triton": triton_bk}
+
+
+def _family(verify, commit):
+    return SimpleNamespace(
+        compute_slot_mapping=verify.compute_slot_mapping,
+        prepare_verify_inputs=verify.prepare_verify_inputs,
+        commit_accepted_tokens=commit.commit_accepted_tokens,
+    )
+
+
+MODULES = {
+    "reference": _family(ref_verify, ref_commit),
+    "cpu": _family(cpu_verify, cpu_commit),
+    "triton": _family(triton_verify, triton_commit),
+}
 
 
 # Where the Triton launchers run: CUDA on a GPU machine, else the CPU (interpreter).
@@ -109,8 +129,8 @@ def commit(impl, state, out, emitted, req=None, *, device=KERNEL_DEVICE, **kw):
         _to(opt["num_prompt_tokens"], dev),
         _to(opt["min_tokens"], dev),
         _to(opt["max_tokens"], dev),
-        mml,
         nc,
+        max_model_len=mml,
     )
     return _cpu(res), tuple(None if s is None else s.cpu() for s in (tok, nt, nc))
 
@@ -125,11 +145,11 @@ def _assert_same(got, want, what):
         assert torch.equal(g, w), (what, i, g, w)
 
 
-# ---------------------------------------------------------------- issue cases 1-3
+# ---------------------------------------------------------------- slot mapping: named cases
 
 
 @pytest.mark.parametrize("impl", ALL)
-def test_case1_slots_cross_non_contiguous_blocks(impl, kernel_device):
+def test_slots_cross_non_contiguous_blocks(impl, kernel_device):
     out = slot_mapping(
         impl,
         _i32([[7, 2]]),
@@ -142,7 +162,7 @@ def test_case1_slots_cross_non_contiguous_blocks(impl, kernel_device):
 
 
 @pytest.mark.parametrize("impl", ALL)
-def test_case2_positions_at_or_past_max_model_len_get_pad_slot(impl, kernel_device):
+def test_positions_at_or_past_max_model_len_get_pad_slot(impl, kernel_device):
     out = slot_mapping(
         impl,
         _i32([[0, 1, 2]]),
@@ -156,7 +176,7 @@ def test_case2_positions_at_or_past_max_model_len_get_pad_slot(impl, kernel_devi
 
 
 @pytest.mark.parametrize("impl", ALL)
-def test_case3_padded_batch_gets_pad_slots(impl, kernel_device):
+def test_padded_batch_gets_pad_slots(impl, kernel_device):
     bt = _i32([[3, 4], [6, 7], [-1, -1], [-1, -1]])
     pos = torch.tensor([6, 3, 0, 0])
     qsl = _i32([0, 1, 2, 3, 4])
@@ -465,7 +485,8 @@ def _poisoned(monkeypatch, value):
             fill = value
         return torch.full(shape, fill, dtype=dtype, device=device)
 
-    monkeypatch.setattr(triton_bk, "_empty", alloc)
+    monkeypatch.setattr(triton_verify, "_empty", alloc)
+    monkeypatch.setattr(triton_commit, "_empty", alloc)
 
 
 @pytest.mark.parametrize("poison", [-77, 12345])
@@ -491,7 +512,7 @@ def test_slot_mapping_kernel_writes_every_output_slot(poison, monkeypatch, kerne
     assert torch.equal(got, want)
 
 
-# ---------------------------------------------------------------- commit: issue cases 4-5
+# ---------------------------------------------------------------- commit: named cases
 
 
 def _single_row(emitted, *, prompt_done=True, L=4, width=64, num_emitted=None):
@@ -515,7 +536,7 @@ def _committed(new_state, L=4):
         ([10, 11, 12, 13, 2, 15], [10, 11, 12, 13, 2], 1),  # stop wins on the budget token
     ],
 )
-def test_case4_stop_inside_over_long_chunk(impl, emitted, expected, reason, kernel_device):
+def test_commit_stops_inside_an_over_long_chunk(impl, emitted, expected, reason, kernel_device):
     state, out, n, prompt = _single_row(emitted)
     res, new = commit(
         impl,
@@ -539,7 +560,7 @@ def test_case4_stop_inside_over_long_chunk(impl, emitted, expected, reason, kern
 @pytest.mark.parametrize(
     ("emitted", "expected"), [([8, 2, 9, 4, 6], [8, 2]), ([8, 9, 4, 6, 2], [8, 9, 4, 6, 2])]
 )
-def test_case5_eos_accepted_mid_block(impl, emitted, expected, kernel_device):
+def test_commit_eos_accepted_mid_block_ends_the_request(impl, emitted, expected, kernel_device):
     state, out, n, _ = _single_row(emitted)
     res, new = commit(
         impl,
@@ -705,8 +726,8 @@ def test_commit_through_strided_views(impl, kernel_device):
             _to(kw["num_prompt_tokens"], dev),
             None,
             _to(kw["max_tokens"], dev),
-            kw["max_model_len"],
             views[2],
+            max_model_len=kw["max_model_len"],
         )
         got_state = tuple(v.cpu() for v in views)
         tok_buf = bufs[0].cpu()
@@ -784,17 +805,22 @@ def test_opcheck_compute_slot_mapping():
     bt = _i32([[3, 4], [6, 7]])
     pos = torch.tensor([6, 3, 0, 9])
     qsl = _i32([0, 1, 2, 2])
-    for args in [(bt, pos, qsl, _i32([0, 1, -1]), 4, 8), (bt, pos, qsl[:3], None, 4, None)]:
-        torch.library.opcheck(torch.ops.specdec.compute_slot_mapping.default, args)
+    for args, kwargs in [
+        ((bt, pos, qsl, _i32([0, 1, -1])), dict(block_size=4, max_model_len=8)),
+        ((bt, pos, qsl[:3], None), dict(block_size=4, max_model_len=None)),
+        ((None, pos, qsl, _i32([0, 1, -1])), dict(block_size=1, max_model_len=8)),
+    ]:
+        torch.library.opcheck(torch.ops.specdec.compute_slot_mapping.default, args, kwargs)
 
 
 def test_opcheck_prepare_verify_inputs():
     tok, nt, drafts, nd, bt, req = _verify_example()
-    for args in [
-        (tok, nt, drafts, nd, bt, req, 4, 16),
-        (tok, nt, drafts[:, :0], nd * 0, bt, None, 2, 16),
+    for args, kwargs in [
+        ((tok, nt, drafts, nd, bt, req), dict(block_size=4, max_model_len=16)),
+        ((tok, nt, drafts[:, :0], nd * 0, bt, None), dict(block_size=2, max_model_len=16)),
+        ((tok, nt, drafts, nd, None, req), dict(block_size=1, max_model_len=16)),
     ]:
-        torch.library.opcheck(torch.ops.specdec.prepare_verify_inputs.default, args)
+        torch.library.opcheck(torch.ops.specdec.prepare_verify_inputs.default, args, kwargs)
 
 
 def test_opcheck_commit_accepted_tokens():
@@ -809,12 +835,13 @@ def test_opcheck_commit_accepted_tokens():
         kw["num_prompt_tokens"],
         None,
         kw["max_tokens"],
-        kw["max_model_len"],
         nc,
     )
-    bare = (tok, nt, out[:, :2], emitted.clamp(max=2), req, None, None, None, None, 12, None)
-    for args in (full, bare):
-        torch.library.opcheck(torch.ops.specdec.commit_accepted_tokens.default, args)
+    bare = (tok, nt, out[:, :2], emitted.clamp(max=2), req, None, None, None, None, None)
+    for args, mml in ((full, kw["max_model_len"]), (bare, 12)):
+        torch.library.opcheck(
+            torch.ops.specdec.commit_accepted_tokens.default, args, dict(max_model_len=mml)
+        )
 
 
 def test_torch_compile_fullgraph_slot_mapping_and_verify_inputs():

@@ -46,12 +46,15 @@ _NGRAM = r"""
 from specdec_kernels.kernels import ngram as K
 for tie_last in (False, True):
     for has_req in (False, True):
+        absent = {} if has_req else dict(req_indices_ptr=None)  # None: an absent tensor
         build(K._ngram_scan_kernel,
-              dict(MIN_N=2, MAX_N=5, HAS_REQ_INDICES=has_req, TIE_LAST=tie_last, BLOCK=1024),
+              dict(MIN_N=2, MAX_N=5, HAS_REQ_INDICES=has_req, TIE_LAST=tie_last, BLOCK=1024,
+                   **absent),
               {"keys_ptr": "*i64"})
+        absent = {} if has_req else dict(req_indices_ptr=None, max_draft_tokens_ptr=None)
         build(K._ngram_finalize_kernel,
               dict(HAS_REQ_INDICES=has_req, HAS_MAX_DRAFT=has_req, HAS_MAX_MODEL_LEN=has_req,
-                   TIE_LAST=tie_last, KEY_BLOCK=32, K_BLOCK=8),
+                   TIE_LAST=tie_last, KEY_BLOCK=32, K_BLOCK=8, **absent),
               {"keys_ptr": "*i64"})
 print("compiled")
 """
@@ -73,19 +76,26 @@ print("compiled")
 """
 
 _BOOKKEEPING = r"""
-from specdec_kernels.kernels import bookkeeping as K
+from specdec_kernels.kernels import commit as C
+from specdec_kernels.kernels import verify_inputs as V
 i64 = {"positions_ptr": "*i64", "slot_ptr": "*i64"}
 for flag in (True, False):
-    build(K._slot_mapping_kernel,
-          dict(HAS_REQ_INDICES=flag, HAS_MAX_MODEL_LEN=flag, BLOCK=1024), i64)
+    absent = {} if flag else dict(req_indices_ptr=None, bt_ptr=None)  # None: an absent tensor
+    build(V._slot_mapping_kernel,
+          dict(HAS_REQ_INDICES=flag, HAS_BLOCK_TABLE=flag, HAS_MAX_MODEL_LEN=flag, BLOCK=1024,
+               **absent), i64)
     kb = 4 if flag else 1
-    build(K._commit_kernel,
+    none = {} if flag else dict(req_indices_ptr=None, stop_ptr=None, prompt_ptr=None,
+                                min_tokens_ptr=None, max_tokens_ptr=None, computed_ptr=None)
+    build(C._commit_kernel,
           dict(HAS_REQ_INDICES=flag, HAS_STOP=flag, HAS_PROMPT=flag, HAS_MIN_TOKENS=flag,
-               HAS_MAX_TOKENS=flag, HAS_COMPUTED=flag, KB=kb, SB=2, k1=kb),
+               HAS_MAX_TOKENS=flag, HAS_COMPUTED=flag, KB=kb, SB=2, k1=kb, **none),
           {"finished_ptr": "*i1", "reason_ptr": "*i8"})
 for k, kb in ((0, 1), (1, 2), (3, 4)):  # k = 1 is what Triton's specialisation makes of it
-    build(K._prepare_verify_kernel,
-          dict(HAS_REQ_INDICES=k > 0, ROWS=64, KB=kb, SCAN_BLOCK=1024, k=k, block_size=1), i64)
+    absent = dict(req_indices_ptr=None, bt_ptr=None) if k == 1 else {}
+    build(V._prepare_verify_kernel,
+          dict(HAS_REQ_INDICES=k > 1, HAS_BLOCK_TABLE=k != 1, ROWS=64, KB=kb, SCAN_BLOCK=1024,
+               k=k, block_size=1, **absent), i64)
 print("compiled")
 """
 

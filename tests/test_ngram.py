@@ -256,13 +256,33 @@ def _sample_args():
     return t, n, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
 
 
+@pytest.mark.parametrize("poison", [-77, 12345])
+@pytest.mark.parametrize("tie_break", ["first", "last"])
+def test_kernel_writes_every_output_slot(poison, tie_break, monkeypatch, kernel_device):
+    # Rows with a match, without one, a padding row and a capped row: every draft slot,
+    # every count and every scratch key the finalize kernel reads must have been written.
+    t, n = _history([[1, 2, 3, 1, 2, 3, 1], [4, 5, 6], [7, 7, 7, 7, 7]], width=12)
+    req = torch.tensor([0, 1, -1, 2], dtype=torch.int32)
+    cap = torch.tensor([4, 4, 4, 1], dtype=torch.int32)
+    kw = dict(min_n=1, max_n=3, k=4, max_model_len=11, tie_break=tie_break)
+    want = _run("reference", t, n, req, cap, **kw)
+
+    def alloc(shape, dtype, device):
+        return torch.full(shape, poison, dtype=dtype, device=device)
+
+    monkeypatch.setattr(triton_ngram, "_empty", alloc)
+    got = _run("triton", t, n, req, cap, device=kernel_device, **kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_opcheck():
     t, n, req, cap = _sample_args()
-    for args in [
-        (t, n, req, cap, 1, 3, 3, 12, "first"),
-        (t, n, None, None, 2, 2, 4, None, "last"),
+    for args, kwargs in [
+        ((t, n, req, cap), dict(min_n=1, max_n=3, num_speculative_tokens=3, max_model_len=12)),
+        ((t, n, None, None), dict(min_n=2, max_n=2, num_speculative_tokens=4, max_model_len=None)),
     ]:
-        torch.library.opcheck(torch.ops.specdec.ngram_propose.default, args)
+        kwargs["tie_break"] = "first" if kwargs["max_model_len"] else "last"
+        torch.library.opcheck(torch.ops.specdec.ngram_propose.default, args, kwargs)
 
 
 def test_torch_compile_fullgraph():
@@ -322,6 +342,8 @@ def _call(**overrides):
         (dict(num_speculative_tokens=2.0), "num_speculative_tokens must be a Python int"),
         (dict(tie_break="middle"), "tie_break must be one of"),
         (dict(max_model_len=0), "max_model_len must be >= 1"),
+        (dict(max_model_len=2**63), r"max_model_len must fit in int64"),
+        (dict(max_n=2**64), r"max_n must fit in int64"),
         (
             dict(req_indices=torch.tensor([0, 2], dtype=torch.int32)),
             r"req_indices must lie in \[-1, 2\)",

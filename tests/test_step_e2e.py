@@ -16,9 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_kernels.kernels import bookkeeping as triton_bk
+from specdec_kernels.kernels import commit as triton_commit
 from specdec_kernels.kernels import ngram as triton_ngram
 from specdec_kernels.kernels import rejection as triton_rejection
+from specdec_kernels.kernels import verify_inputs as triton_verify
 from specdec_kernels.ops import (
     commit_accepted_tokens,
     ngram_propose,
@@ -172,7 +173,7 @@ class TritonLaunchers(PublicOps):
         )
 
     def prepare(self, tok, nt, drafts, nd, bt, req):
-        return triton_bk.prepare_verify_inputs(
+        return triton_verify.prepare_verify_inputs(
             tok, nt, drafts, nd, bt, req, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN
         )
 
@@ -194,7 +195,7 @@ class TritonLaunchers(PublicOps):
         return out, ne
 
     def commit(self, tok, nt, out, ne, req, nc, params):
-        return triton_bk.commit_accepted_tokens(
+        return triton_commit.commit_accepted_tokens(
             tok,
             nt,
             out,
@@ -204,8 +205,8 @@ class TritonLaunchers(PublicOps):
             params["num_prompt_tokens"],
             params["min_tokens"],
             params["max_tokens"],
-            MAX_MODEL_LEN,
             nc,
+            max_model_len=MAX_MODEL_LEN,
         )
 
 

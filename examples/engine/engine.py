@@ -25,15 +25,14 @@ import torch
 from examples.engine.kv_cache import PagedKVCache
 from examples.engine.llama import Llama
 from specdec_kernels.ops import (
+    FINISH_REASON_NAMES,
     commit_accepted_tokens,
     compute_slot_mapping,
     ngram_propose,
     prepare_verify_inputs,
     rejection_sample,
+    sampling_offsets,
 )
-from specdec_kernels.ops.rejection import sampling_offsets
-
-FINISH_REASONS = {1: "stop", 2: "length"}
 
 
 @dataclass
@@ -389,7 +388,7 @@ class Engine:
                 if reason[b]:
                     # Keep the output on the device; read it back once, after the run.
                     out = self.token_ids[q.row, q.prompt_len : q.num_tokens].clone()
-                    finished[q.index] = (q, out, FINISH_REASONS[reason[b]])
+                    finished[q.index] = (q, out, FINISH_REASON_NAMES[reason[b]])
                     self.cache.allocator.free(q.blocks)
                     self.block_table[q.row] = -1
                     free_rows.append(q.row)

@@ -135,6 +135,11 @@ def _ngram_finalize_kernel(
     tl.store(num_drafts_ptr + b, m.to(tl.int32))
 
 
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Output and scratch allocation (tests swap it for a poisoned fill: unwritten slots show)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def ngram_propose(
     token_ids: torch.Tensor,
     num_tokens: torch.Tensor,
@@ -147,12 +152,16 @@ def ngram_propose(
     max_model_len: int | None,
     tie_break: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the scan and finalize kernels; inputs are assumed validated."""
+    """Launch the scan and finalize kernels; inputs are assumed validated.
+
+    Absent optional tensors go to the kernels as ``None`` (a constexpr there, guarded by
+    its ``HAS_*`` flag).
+    """
     k = num_speculative_tokens
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
     device = token_ids.device
-    drafts = torch.empty((B, k), dtype=torch.int32, device=device)
-    counts = torch.empty((B,), dtype=torch.int32, device=device)
+    drafts = _empty((B, k), torch.int32, device)
+    counts = _empty((B,), torch.int32, device)
     if B == 0:
         return drafts, counts
     if k == 0:
@@ -160,15 +169,14 @@ def ngram_propose(
     L_max = token_ids.shape[1]
     block = min(1024, max(16, next_pow2(L_max)))
     num_blocks = max(1, triton.cdiv(L_max, block))
-    keys = torch.empty((B, num_blocks), dtype=torch.int64, device=device)
+    keys = _empty((B, num_blocks), torch.int64, device)
     tie_last = tie_break == "last"
-    dummy = num_tokens  # never read when the matching HAS_* flag is False
     _ngram_scan_kernel[(B, num_blocks)](
         token_ids_ptr=token_ids,
         hist_stride=token_ids.stride(0),
         tok_stride=token_ids.stride(1),
         num_tokens_ptr=num_tokens,
-        req_indices_ptr=req_indices if req_indices is not None else dummy,
+        req_indices_ptr=req_indices,
         keys_ptr=keys,
         num_blocks=num_blocks,
         MIN_N=min_n,  # a min_n > MAX_N finds nothing, as it should
@@ -183,8 +191,8 @@ def ngram_propose(
         hist_stride=token_ids.stride(0),
         tok_stride=token_ids.stride(1),
         num_tokens_ptr=num_tokens,
-        req_indices_ptr=req_indices if req_indices is not None else dummy,
-        max_draft_tokens_ptr=max_draft_tokens if max_draft_tokens is not None else dummy,
+        req_indices_ptr=req_indices,
+        max_draft_tokens_ptr=max_draft_tokens,
         keys_ptr=keys,
         num_blocks=num_blocks,
         drafts_ptr=drafts,

@@ -1,14 +1,16 @@
-"""Plain-Python step bookkeeping: the oracle for the slot-mapping, verify-input and commit ops.
+"""Plain-Python verify-step inputs: the oracle for ``compute_slot_mapping`` and
+``prepare_verify_inputs``.
 
-One loop per request, one statement per rule of DESIGN.md (ops 3, 4, 5), no vectorisation.
-Batch row ``b`` maps to state row ``r = req_indices[b]`` (``-1``: a padding row).
+One loop per request, one statement per rule of ``docs/design.md`` (its contracts of the
+two ops), no vectorisation. Batch row ``b`` maps to state row ``r = req_indices[b]``
+(``-1``: a padding row).
 """
 
 from __future__ import annotations
 
 import torch
 
-PAD_SLOT = -1
+from specdec_kernels.constants import PAD_SLOT
 
 
 def _rows(req_indices: torch.Tensor | None, batch: int) -> list[int]:
@@ -16,13 +18,18 @@ def _rows(req_indices: torch.Tensor | None, batch: int) -> list[int]:
 
 
 def _slot(
-    block_table: torch.Tensor, r: int, pos: int, block_size: int, max_model_len: int | None
+    block_table: torch.Tensor | None, r: int, pos: int, block_size: int, max_model_len: int | None
 ) -> int:
-    """The KV-cache slot of position ``pos`` of state row ``r``, or ``PAD_SLOT``."""
+    """The KV-cache slot of position ``pos`` of state row ``r``, or ``PAD_SLOT``.
+
+    Without a block table: the contiguous layout, ``r * max_model_len + pos``.
+    """
     if r < 0 or pos < 0:
         return PAD_SLOT
     if max_model_len is not None and pos >= max_model_len:
         return PAD_SLOT
+    if block_table is None:
+        return r * max_model_len + pos
     idx = pos // block_size
     if idx >= block_table.shape[1]:
         return PAD_SLOT
@@ -33,7 +40,7 @@ def _slot(
 
 
 def compute_slot_mapping(
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     positions: torch.Tensor,
     query_start_loc: torch.Tensor,
     req_indices: torch.Tensor | None,
@@ -57,7 +64,7 @@ def prepare_verify_inputs(
     num_tokens: torch.Tensor,
     draft_token_ids: torch.Tensor,
     num_draft_tokens: torch.Tensor,
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     req_indices: torch.Tensor | None,
     *,
     block_size: int,
@@ -109,61 +116,3 @@ def prepare_verify_inputs(
         torch.tensor(cu, dtype=i32),
         torch.tensor(flat_drafts, dtype=i32),
     )
-
-
-def commit_accepted_tokens(
-    token_ids: torch.Tensor,
-    num_tokens: torch.Tensor,
-    output_token_ids: torch.Tensor,
-    num_emitted: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    stop_token_ids: torch.Tensor | None,
-    num_prompt_tokens: torch.Tensor | None,
-    min_tokens: torch.Tensor | None,
-    max_tokens: torch.Tensor | None,
-    max_model_len: int,
-    num_computed_tokens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Append token by token, checking the budget before and the stop list after each one."""
-    B = output_token_ids.shape[0]
-    rows = _rows(req_indices, B)
-    committed = torch.zeros(B, dtype=torch.int32)
-    finished = torch.zeros(B, dtype=torch.bool)
-    reason = torch.zeros(B, dtype=torch.int8)
-    limit = min(max_model_len, token_ids.shape[1])
-    for b, r in enumerate(rows):
-        if r < 0:
-            continue
-        start = int(num_tokens[r])
-        length = start
-        prompt = 0 if num_prompt_tokens is None else int(num_prompt_tokens[r])
-        stops = set() if stop_token_ids is None else set(stop_token_ids[b].tolist()) - {-1}
-        min_out = 0 if min_tokens is None else int(min_tokens[b])
-
-        def at_budget(n: int) -> bool:
-            if n >= limit:
-                return True
-            return max_tokens is not None and n - prompt >= int(max_tokens[b])  # noqa: B023
-
-        if at_budget(length):
-            reason[b] = 2
-        else:
-            for j in range(int(num_emitted[b])):
-                tok = int(output_token_ids[b, j])
-                if tok < 0:  # PLACEHOLDER: the end of the emitted tokens
-                    break
-                out_index = length - prompt
-                token_ids[r, length] = tok
-                length += 1
-                if tok in stops and out_index >= min_out:
-                    reason[b] = 1
-                    break
-                if at_budget(length):
-                    reason[b] = 2
-                    break
-        num_tokens[r] = length
-        if num_computed_tokens is not None:
-            num_computed_tokens[r] += length - start
-        committed[b] = length - start
-        finished[b] = bool(reason[b] != 0)
-    return committed, finished, reason

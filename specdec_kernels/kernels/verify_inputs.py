@@ -1,4 +1,5 @@
-"""Triton step bookkeeping: the CUDA path of the slot-mapping, verify-input and commit ops.
+"""Triton kernels for the verify step's inputs: the CUDA path of ``compute_slot_mapping`` and
+``prepare_verify_inputs``.
 
 One launch per op, no host synchronisation, grids that depend only on shapes:
 
@@ -18,11 +19,9 @@ One launch per op, no host synchronisation, grids that depend only on shapes:
   ``b`` also owns ``k - k_b`` tail slots at ``qsl[B] + (b*k - cu[b])`` onwards, so the
   ``B*(k+1)`` outputs are each written exactly once without any program waiting on
   another. The flat drafts use the same layout on ``B*k`` slots.
-- ``_commit_kernel``, grid ``(B,)``: one program per request works on its ``k+1``
-  emitted tokens: the first ``-1``, the first counted stop token and the length budget
-  each cap the count; it writes the committed tokens and advances the counters of its own
-  state row (``req_indices`` is unique, so no two programs touch the same row).
 
+Both share ``_slot_of``: a paged slot from the block table, or, without a block table
+(``HAS_BLOCK_TABLE=False``), the contiguous per-request layout ``r * max_model_len + pos``.
 All offsets are int64, so ``T`` in the millions and large ``[R, max_model_len]`` tables
 never overflow. The block table is never read out of bounds (masked by
 ``pos // block_size < max_blocks``), nor ``token_ids`` past a row's end.
@@ -34,9 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_kernels import constants
 from specdec_kernels.kernels._utils import next_pow2
 
-PAD_SLOT = tl.constexpr(-1)  # a constexpr: jit functions may read only those globals
+PAD_SLOT = tl.constexpr(constants.PAD_SLOT)  # jit functions may read only constexpr globals
 _SLOT_BLOCK = 1024
 _VERIFY_ROWS = 64
 _SCAN_BLOCK = 1024
@@ -58,16 +58,27 @@ def _slot_of(
     valid,
     block_size,
     max_model_len,
+    HAS_BLOCK_TABLE: tl.constexpr,
     HAS_MAX_MODEL_LEN: tl.constexpr,
 ):
-    """Slot of int64 ``pos`` in int64 state row ``r`` (same shapes), ``PAD_SLOT`` if not valid."""
-    idx = pos // block_size
-    ok = valid & (r >= 0) & (pos >= 0) & (idx < max_blocks)
+    """Slot of int64 ``pos`` in int64 state row ``r`` (same shapes), ``PAD_SLOT`` if not valid.
+
+    Paged: ``block_table[r, pos // block_size] * block_size + pos % block_size``; without a
+    block table, the contiguous layout ``r * max_model_len + pos``.
+    """
+    ok = valid & (r >= 0) & (pos >= 0)
     if HAS_MAX_MODEL_LEN:
         ok = ok & (pos < max_model_len)
-    block = tl.load(bt_ptr + r * bt_stride0 + idx * bt_stride1, mask=ok, other=-1).to(tl.int64)
-    ok = ok & (block >= 0)
-    return tl.where(ok, block * block_size + pos % block_size, PAD_SLOT)
+    if HAS_BLOCK_TABLE:
+        idx = pos // block_size
+        ok = ok & (idx < max_blocks)
+        block = tl.load(bt_ptr + r * bt_stride0 + idx * bt_stride1, mask=ok, other=-1)
+        block = block.to(tl.int64)
+        ok = ok & (block >= 0)
+        slot = block * block_size + pos % block_size
+    else:
+        slot = r * max_model_len + pos
+    return tl.where(ok, slot, PAD_SLOT)
 
 
 @triton.jit(do_not_specialize=["num_query", "batch", "search_steps"])
@@ -86,6 +97,7 @@ def _slot_mapping_kernel(
     block_size,
     max_model_len,
     HAS_REQ_INDICES: tl.constexpr,
+    HAS_BLOCK_TABLE: tl.constexpr,
     HAS_MAX_MODEL_LEN: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -117,6 +129,7 @@ def _slot_mapping_kernel(
         valid,
         block_size,
         max_model_len,
+        HAS_BLOCK_TABLE,
         HAS_MAX_MODEL_LEN,
     )
     tl.store(slot_ptr + t, slot, mask=in_range)
@@ -150,6 +163,7 @@ def _prepare_verify_kernel(
     block_size,
     max_model_len,
     HAS_REQ_INDICES: tl.constexpr,
+    HAS_BLOCK_TABLE: tl.constexpr,
     ROWS: tl.constexpr,
     KB: tl.constexpr,
     SCAN_BLOCK: tl.constexpr,
@@ -216,6 +230,7 @@ def _prepare_verify_kernel(
         live,
         block_size,
         max_model_len,
+        HAS_BLOCK_TABLE,
         True,
     )
     dest = tl.where(
@@ -245,97 +260,8 @@ def _prepare_verify_kernel(
         tl.store(qsl_ptr + batch, qsl_end.to(tl.int32))
 
 
-@triton.jit
-def _commit_kernel(
-    token_ids_ptr,
-    tok_stride0,
-    tok_stride1,
-    hist_len,
-    num_tokens_ptr,
-    num_tokens_stride,
-    out_ptr,
-    out_stride0,
-    out_stride1,
-    num_emitted_ptr,
-    req_indices_ptr,
-    stop_ptr,
-    stop_stride0,
-    stop_stride1,
-    num_stops,
-    prompt_ptr,
-    min_tokens_ptr,
-    max_tokens_ptr,
-    max_model_len,
-    computed_ptr,
-    computed_stride,
-    committed_ptr,
-    finished_ptr,
-    reason_ptr,
-    k1,
-    HAS_REQ_INDICES: tl.constexpr,
-    HAS_STOP: tl.constexpr,
-    HAS_PROMPT: tl.constexpr,
-    HAS_MIN_TOKENS: tl.constexpr,
-    HAS_MAX_TOKENS: tl.constexpr,
-    HAS_COMPUTED: tl.constexpr,
-    KB: tl.constexpr,
-    SB: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    if HAS_REQ_INDICES:
-        r = tl.load(req_indices_ptr + b).to(tl.int64)
-    else:
-        r = b
-    active = r >= 0
-    rc = tl.maximum(r, 0)
-    length = tl.load(num_tokens_ptr + rc * num_tokens_stride, mask=active, other=0).to(tl.int64)
-    if HAS_PROMPT:
-        out_index = length - tl.load(prompt_ptr + rc, mask=active, other=0).to(tl.int64)
-    else:
-        out_index = length
-
-    j = tl.arange(0, KB)
-    tok = tl.load(out_ptr + b * out_stride0 + j * out_stride1, mask=j < k1, other=-1)
-    n = tl.load(num_emitted_ptr + b).to(tl.int64)
-    n = tl.minimum(tl.maximum(n, 0), k1)
-    n = tl.minimum(n, tl.min(tl.where((j < n) & (tok < 0), j, KB), axis=0))
-
-    is_stop = tl.zeros([KB], dtype=tl.int32)
-    if HAS_STOP:
-        for s0 in range(0, num_stops, SB):
-            s = s0 + tl.arange(0, SB)
-            stop = tl.load(
-                stop_ptr + b * stop_stride0 + s * stop_stride1, mask=s < num_stops, other=-1
-            )
-            hit = (tok[:, None] == stop[None, :]) & (stop[None, :] >= 0)
-            is_stop = tl.maximum(is_stop, tl.max(hit.to(tl.int32), axis=1))
-    counts = (is_stop > 0) & (j < n)
-    if HAS_MIN_TOKENS:
-        counts = counts & (out_index + j >= tl.load(min_tokens_ptr + b).to(tl.int64))
-    first_stop = tl.min(tl.where(counts, j, KB), axis=0)
-
-    room = tl.minimum(max_model_len, hist_len) - length  # tokens left in the budget
-    if HAS_MAX_TOKENS:
-        room = tl.minimum(room, tl.load(max_tokens_ptr + b).to(tl.int64) - out_index)
-    count = tl.minimum(tl.minimum(n, first_stop + 1), tl.maximum(room, 0))
-    reason = tl.where(room <= 0, 2, tl.where(first_stop < count, 1, tl.where(count == room, 2, 0)))
-    count = tl.where(active, count, 0)
-    reason = tl.where(active, reason, 0)
-
-    dst = token_ids_ptr + rc * tok_stride0 + (length + j) * tok_stride1
-    tl.store(dst, tok, mask=j < count)
-    tl.store(num_tokens_ptr + rc * num_tokens_stride, (length + count).to(tl.int32), mask=active)
-    if HAS_COMPUTED:
-        cptr = computed_ptr + rc * computed_stride
-        done = tl.load(cptr, mask=active, other=0)
-        tl.store(cptr, done + count.to(tl.int32), mask=active)
-    tl.store(committed_ptr + b, count.to(tl.int32))
-    tl.store(finished_ptr + b, reason != 0)
-    tl.store(reason_ptr + b, reason.to(tl.int8))
-
-
 def compute_slot_mapping(
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     positions: torch.Tensor,
     query_start_loc: torch.Tensor,
     req_indices: torch.Tensor | None,
@@ -343,7 +269,12 @@ def compute_slot_mapping(
     block_size: int,
     max_model_len: int | None,
 ) -> torch.Tensor:
-    """Launch the slot-mapping kernel; inputs are assumed validated."""
+    """Launch the slot-mapping kernel; inputs are assumed validated.
+
+    ``block_table=None`` is the contiguous layout (``max_model_len`` is then given).
+    Absent optional tensors go to the kernel as ``None`` (a constexpr there).
+    """
+    has_bt = block_table is not None
     T = positions.shape[0]
     B = query_start_loc.shape[0] - 1
     slot_mapping = _empty((T,), torch.int64, positions.device)
@@ -351,12 +282,12 @@ def compute_slot_mapping(
         return slot_mapping
     _slot_mapping_kernel[(triton.cdiv(T, _SLOT_BLOCK),)](
         bt_ptr=block_table,
-        bt_stride0=block_table.stride(0),
-        bt_stride1=block_table.stride(1),
-        max_blocks=block_table.shape[1],
+        bt_stride0=block_table.stride(0) if has_bt else 0,
+        bt_stride1=block_table.stride(1) if has_bt else 0,
+        max_blocks=block_table.shape[1] if has_bt else 0,
         positions_ptr=positions,
         qsl_ptr=query_start_loc,
-        req_indices_ptr=req_indices if req_indices is not None else query_start_loc,
+        req_indices_ptr=req_indices,
         slot_ptr=slot_mapping,
         num_query=T,
         batch=B,
@@ -364,6 +295,7 @@ def compute_slot_mapping(
         block_size=block_size,
         max_model_len=max_model_len if max_model_len is not None else 0,
         HAS_REQ_INDICES=req_indices is not None,
+        HAS_BLOCK_TABLE=has_bt,
         HAS_MAX_MODEL_LEN=max_model_len is not None,
         BLOCK=_SLOT_BLOCK,
     )
@@ -375,13 +307,18 @@ def prepare_verify_inputs(
     num_tokens: torch.Tensor,
     draft_token_ids: torch.Tensor,
     num_draft_tokens: torch.Tensor,
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     req_indices: torch.Tensor | None,
     *,
     block_size: int,
     max_model_len: int,
 ) -> tuple[torch.Tensor, ...]:
-    """Launch the verify-input kernel; inputs are assumed validated."""
+    """Launch the verify-input kernel; inputs are assumed validated.
+
+    ``block_table=None`` is the contiguous layout; absent optional tensors go to the kernel
+    as ``None`` (a constexpr there).
+    """
+    has_bt = block_table is not None
     B, k = draft_token_ids.shape
     device = token_ids.device
     num_query = B * (k + 1)
@@ -407,87 +344,26 @@ def prepare_verify_inputs(
         drafts_stride0=draft_token_ids.stride(0),
         drafts_stride1=draft_token_ids.stride(1),
         num_drafts_ptr=num_draft_tokens,
-        req_indices_ptr=req_indices if req_indices is not None else num_draft_tokens,
+        req_indices_ptr=req_indices,
         bt_ptr=block_table,
-        bt_stride0=block_table.stride(0),
-        bt_stride1=block_table.stride(1),
-        max_blocks=block_table.shape[1],
+        bt_stride0=block_table.stride(0) if has_bt else 0,
+        bt_stride1=block_table.stride(1) if has_bt else 0,
+        max_blocks=block_table.shape[1] if has_bt else 0,
         input_ids_ptr=input_ids,
         positions_ptr=positions,
         qsl_ptr=qsl,
         seq_lens_ptr=seq_lens,
         slot_ptr=slot_mapping,
         cu_ptr=cu,
-        flat_drafts_ptr=flat_drafts if k else cu,  # never written when k == 0
+        flat_drafts_ptr=flat_drafts if k else cu,  # never written when k == 0 (no pointer)
         batch=B,
         k=k,
         block_size=block_size,
         max_model_len=max_model_len,
         HAS_REQ_INDICES=req_indices is not None,
+        HAS_BLOCK_TABLE=has_bt,
         ROWS=_VERIFY_ROWS,
         KB=next_pow2(k + 1),
         SCAN_BLOCK=_SCAN_BLOCK,
     )
     return outputs
-
-
-def commit_accepted_tokens(
-    token_ids: torch.Tensor,
-    num_tokens: torch.Tensor,
-    output_token_ids: torch.Tensor,
-    num_emitted: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    stop_token_ids: torch.Tensor | None,
-    num_prompt_tokens: torch.Tensor | None,
-    min_tokens: torch.Tensor | None,
-    max_tokens: torch.Tensor | None,
-    max_model_len: int,
-    num_computed_tokens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the commit kernel (mutates ``token_ids``, ``num_tokens``, ``num_computed_tokens``)."""
-    B, k1 = output_token_ids.shape
-    device = token_ids.device
-    committed = _empty((B,), torch.int32, device)
-    finished = _empty((B,), torch.bool, device)
-    reason = _empty((B,), torch.int8, device)
-    if B == 0:
-        return committed, finished, reason
-    has_stop = stop_token_ids is not None and stop_token_ids.shape[1] > 0
-    num_stops = stop_token_ids.shape[1] if has_stop else 0
-    dummy = num_emitted  # never read when the matching HAS_* flag is False
-    _commit_kernel[(B,)](
-        token_ids_ptr=token_ids,
-        tok_stride0=token_ids.stride(0),
-        tok_stride1=token_ids.stride(1),
-        hist_len=token_ids.shape[1],
-        num_tokens_ptr=num_tokens,
-        num_tokens_stride=num_tokens.stride(0),
-        out_ptr=output_token_ids,
-        out_stride0=output_token_ids.stride(0),
-        out_stride1=output_token_ids.stride(1),
-        num_emitted_ptr=num_emitted,
-        req_indices_ptr=req_indices if req_indices is not None else dummy,
-        stop_ptr=stop_token_ids if has_stop else dummy,
-        stop_stride0=stop_token_ids.stride(0) if has_stop else 0,
-        stop_stride1=stop_token_ids.stride(1) if has_stop else 0,
-        num_stops=num_stops,
-        prompt_ptr=num_prompt_tokens if num_prompt_tokens is not None else dummy,
-        min_tokens_ptr=min_tokens if min_tokens is not None else dummy,
-        max_tokens_ptr=max_tokens if max_tokens is not None else dummy,
-        max_model_len=max_model_len,
-        computed_ptr=num_computed_tokens if num_computed_tokens is not None else dummy,
-        computed_stride=num_computed_tokens.stride(0) if num_computed_tokens is not None else 0,
-        committed_ptr=committed,
-        finished_ptr=finished,
-        reason_ptr=reason,
-        k1=k1,
-        HAS_REQ_INDICES=req_indices is not None,
-        HAS_STOP=has_stop,
-        HAS_PROMPT=num_prompt_tokens is not None,
-        HAS_MIN_TOKENS=min_tokens is not None,
-        HAS_MAX_TOKENS=max_tokens is not None,
-        HAS_COMPUTED=num_computed_tokens is not None,
-        KB=next_pow2(k1),
-        SB=min(16, next_pow2(num_stops)),
-    )
-    return committed, finished, reason

@@ -1,25 +1,24 @@
-"""Vectorised torch step bookkeeping: the CPU path of the slot-mapping, verify-input and commit ops.
+"""Vectorised torch verify-step inputs: the CPU path of ``compute_slot_mapping`` and
+``prepare_verify_inputs``.
 
 No Python loop over tokens or requests:
 
 - ``compute_slot_mapping`` finds each token's request with ``searchsorted`` on
-  ``query_start_loc`` and gathers one block-table entry per token.
+  ``query_start_loc`` and gathers one block-table entry per token (or, without a block
+  table, uses the contiguous layout ``r * max_model_len + pos``).
 - ``prepare_verify_inputs`` lays every request out as a ``[B, k+1]`` tile (query token
   ``j`` of row ``b``) and scatters the tile into the packed buffers. The tile has exactly
   ``B*(k+1)`` entries, one per output slot: entry ``j <= k_b`` goes to
   ``qsl[b] + j`` and the ``k - k_b`` unused entries of row ``b`` go to the tail, at
   ``qsl[B] + (b*k - cu[b]) + (j - k_b - 1)`` (``b*k - cu[b]`` is the number of unused
   entries of the rows before ``b``). The flat drafts use the same trick on a ``[B, k]`` tile.
-- ``commit_accepted_tokens`` works on the ``[B, k+1]`` tile of emitted tokens: the first
-  ``-1``, the first counted stop token and the length budget each cap the count, and the
-  committed tokens are written with one ``index_put_``.
 """
 
 from __future__ import annotations
 
 import torch
 
-PAD_SLOT = -1
+from specdec_kernels.constants import PAD_SLOT
 
 
 def _state_rows(req_indices: torch.Tensor | None, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,28 +30,34 @@ def _state_rows(req_indices: torch.Tensor | None, batch: int) -> tuple[torch.Ten
 
 
 def _slots(
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     rows: torch.Tensor,
     pos: torch.Tensor,
     valid: torch.Tensor,
     block_size: int,
     max_model_len: int | None,
 ) -> torch.Tensor:
-    """Slots of int64 ``pos`` in state rows ``rows`` (same shape); -1 where not ``valid``."""
+    """Slots of int64 ``pos`` in state rows ``rows`` (same shape); -1 where not ``valid``.
+
+    Without a block table: the contiguous layout ``rows * max_model_len + pos``.
+    """
+    ok = valid & (pos >= 0)
+    if max_model_len is not None:
+        ok &= pos < max_model_len
+    if block_table is None:
+        return torch.where(ok, rows * max_model_len + pos, PAD_SLOT)
     R, max_blocks = block_table.shape
     if R == 0 or max_blocks == 0:
         return torch.full_like(pos, PAD_SLOT)
     idx = torch.div(pos, block_size, rounding_mode="floor")
-    ok = valid & (pos >= 0) & (idx < max_blocks)
-    if max_model_len is not None:
-        ok &= pos < max_model_len
+    ok &= idx < max_blocks
     block = block_table[rows.clamp(0, R - 1), idx.clamp(0, max_blocks - 1)].long()
     ok &= block >= 0
     return torch.where(ok, block * block_size + pos.remainder(block_size), PAD_SLOT)
 
 
 def compute_slot_mapping(
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     positions: torch.Tensor,
     query_start_loc: torch.Tensor,
     req_indices: torch.Tensor | None,
@@ -79,7 +84,7 @@ def prepare_verify_inputs(
     num_tokens: torch.Tensor,
     draft_token_ids: torch.Tensor,
     num_draft_tokens: torch.Tensor,
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     req_indices: torch.Tensor | None,
     *,
     block_size: int,
@@ -139,67 +144,3 @@ def prepare_verify_inputs(
         cu.to(torch.int32),
         flat_drafts,
     )
-
-
-def commit_accepted_tokens(
-    token_ids: torch.Tensor,
-    num_tokens: torch.Tensor,
-    output_token_ids: torch.Tensor,
-    num_emitted: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    stop_token_ids: torch.Tensor | None,
-    num_prompt_tokens: torch.Tensor | None,
-    min_tokens: torch.Tensor | None,
-    max_tokens: torch.Tensor | None,
-    max_model_len: int,
-    num_computed_tokens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    B, K1 = output_token_ids.shape
-    R, L_max = token_ids.shape
-    rows, active = _state_rows(req_indices, B)
-    if R == 0:
-        active = torch.zeros(B, dtype=torch.bool)
-        rows = torch.zeros(B, dtype=torch.long)
-    gather = (lambda x: x[rows].long()) if R else (lambda x: torch.zeros(B, dtype=torch.long))
-    length = gather(num_tokens)
-    out_index = length - (gather(num_prompt_tokens) if num_prompt_tokens is not None else 0)
-
-    # Tokens left in the budget (<= 0: already at it).
-    room = min(max_model_len, L_max) - length
-    if max_tokens is not None:
-        room = torch.minimum(room, max_tokens.long() - out_index)
-
-    j = torch.arange(K1)[None, :]
-    tok = output_token_ids.long()
-    n = num_emitted.long().clamp(0, K1)
-    first_neg = torch.where((j < n[:, None]) & (tok < 0), j, K1).amin(dim=1)
-    n = torch.minimum(n, first_neg)
-
-    is_stop = torch.zeros((B, K1), dtype=torch.bool)
-    if stop_token_ids is not None and stop_token_ids.shape[1]:
-        stops = stop_token_ids.long()[:, None, :]
-        is_stop = ((tok[:, :, None] == stops) & (stops >= 0)).any(dim=2)
-    if min_tokens is not None:
-        is_stop &= out_index[:, None] + j >= min_tokens.long()[:, None]
-    is_stop &= j < n[:, None]
-    first_stop = torch.where(is_stop, j, K1).amin(dim=1)
-
-    count = torch.minimum(torch.minimum(n, first_stop + 1), room.clamp(min=0))
-    reason = torch.where(
-        room <= 0,
-        2,
-        torch.where(first_stop < count, 1, torch.where(count == room, 2, 0)),
-    )
-    count = torch.where(active, count, 0)
-    reason = torch.where(active, reason, 0)
-
-    write = j < count[:, None]
-    token_ids[rows[:, None].expand(B, K1)[write], (length[:, None] + j)[write]] = output_token_ids[
-        write
-    ].to(token_ids.dtype)
-    if R:
-        live = rows[active]
-        num_tokens[live] = (length + count)[active].to(num_tokens.dtype)
-        if num_computed_tokens is not None:
-            num_computed_tokens[live] += count[active].to(num_computed_tokens.dtype)
-    return count.to(torch.int32), reason != 0, reason.to(torch.int8)

@@ -1,0 +1,36 @@
+"""Constants shared by every layer and by engines (one home; ``docs/design.md``, "Terms").
+
+Plain Python ints, importable from the CPU path, the Triton launchers, the references
+and the public API (``specdec_kernels.ops`` re-exports them). A ``@triton.jit`` function
+cannot read a plain-int global; ``specdec_kernels/kernels`` wraps these values in
+``tl.constexpr`` where a kernel needs them.
+"""
+
+from __future__ import annotations
+
+PLACEHOLDER = -1
+"""Marks "no token" in every token-id input and output (draft padding, emitted padding)."""
+
+PAD_SLOT = -1
+"""Slot id of a query token that must not be written to the KV cache."""
+
+FINISH_RUNNING = 0
+"""``finish_reason`` of a request that goes on."""
+
+FINISH_STOP = 1
+"""``finish_reason`` of a request ended by a stop token (the stop token is committed)."""
+
+FINISH_LENGTH = 2
+"""``finish_reason`` of a request that reached ``max_tokens`` or ``max_model_len``."""
+
+FINISH_REASON_NAMES = {FINISH_RUNNING: "running", FINISH_STOP: "stop", FINISH_LENGTH: "length"}
+"""The name of each ``finish_reason`` value, as OpenAI-style servers report it."""
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_REASON_NAMES",
+    "FINISH_RUNNING",
+    "FINISH_STOP",
+    "PAD_SLOT",
+    "PLACEHOLDER",
+]
