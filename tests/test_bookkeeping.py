@@ -74,6 +74,7 @@ def slot_mapping(
             bt, pos, qsl, req, block_size=block_size, max_model_len=max_model_len
         )
     dev = device if impl == "triton" else "cpu"
+    block_size = 1 if block_size is None else block_size  # what the public wrapper passes
     fn = MODULES[impl].compute_slot_mapping
     out = fn(
         _to(bt, dev),
@@ -96,6 +97,7 @@ def verify_inputs(
             )
         )
     dev = device if impl == "triton" else "cpu"
+    block_size = 1 if block_size is None else block_size  # what the public wrapper passes
     fn = MODULES[impl].prepare_verify_inputs
     args = [_to(t, dev) for t in (tok, nt, drafts, nd, bt, req)]
     return _cpu(fn(*args, block_size=block_size, max_model_len=max_model_len))
@@ -298,6 +300,68 @@ def test_slot_mapping_cpu_and_triton_match_reference(case):
     want = slot_mapping("reference", bt, pos, qsl, req, block_size=bs, max_model_len=mml)
     for impl in ("cpu", "triton", "public"):
         got = slot_mapping(impl, bt, pos, qsl, req, block_size=bs, max_model_len=mml)
+        assert torch.equal(got, want), (impl, got, want)
+
+
+# ---------------------------------------------------------------- contiguous KV layout
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_slot_mapping_without_block_table_is_contiguous_per_row(impl, kernel_device):
+    # slot = r * max_model_len + pos; padding rows, pos < 0, pos >= max_model_len and
+    # the tail get -1; block_size is ignored.
+    out = slot_mapping(
+        impl,
+        None,
+        torch.tensor([3, 9, 10, -1, 0, 5, 7]),
+        _i32([0, 3, 4, 6]),
+        _i32([2, -1, 0]),
+        block_size=1,
+        max_model_len=10,
+        device=kernel_device,
+    )
+    assert out.tolist() == [23, 29, -1, -1, 0, 5, -1]
+
+
+def _identity_block_table(R, mml, bs):
+    """A block table whose slots are the contiguous layout's (row r owns mml slots)."""
+    per_row = mml // bs
+    return torch.arange(R * per_row, dtype=I32).reshape(R, per_row)
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_verify_inputs_without_block_table_equal_an_identity_block_table(impl, kernel_device):
+    tok, nt, drafts, nd, _, req = _verify_example()
+    want = verify_inputs(
+        "reference", tok, nt, drafts, nd, _identity_block_table(3, 16, 4), req,
+        block_size=4, max_model_len=16,
+    )  # fmt: skip
+    got = verify_inputs(
+        impl, tok, nt, drafts, nd, None, req, block_size=None, max_model_len=16,
+        device=kernel_device,
+    )  # fmt: skip
+    _assert_same(got, want, impl)
+    assert got[4].tolist()[:4] == [34, 35, 36, 37]  # row 2 at positions 2..5
+
+
+@settings(max_examples=40)
+@given(st.data())
+def test_slot_mapping_without_block_table_matches_identity_table(data):
+    R = data.draw(st.integers(1, 4))
+    bs = data.draw(st.sampled_from([1, 2, 4]))
+    mml = bs * data.draw(st.integers(1, 5))
+    lens = data.draw(st.lists(st.integers(0, 4), min_size=1, max_size=4))
+    B = len(lens)
+    T = sum(lens) + data.draw(st.integers(0, 2))
+    pos = torch.tensor(data.draw(st.lists(st.integers(-2, mml + 2), min_size=T, max_size=T)))
+    req = _i32(data.draw(st.lists(st.integers(-1, R - 1), min_size=B, max_size=B)))
+    qsl = _i32([0, *torch.tensor(lens).cumsum(0).tolist()])
+    want = slot_mapping(
+        "reference", _identity_block_table(R, mml, bs), pos, qsl, req,
+        block_size=bs, max_model_len=mml,
+    )  # fmt: skip
+    for impl in IMPLS:
+        got = slot_mapping(impl, None, pos, qsl, req, block_size=None, max_model_len=mml)
         assert torch.equal(got, want), (impl, got, want)
 
 
@@ -924,6 +988,9 @@ def _slot_call(**overrides):
         (dict(block_size=0), "block_size must be >= 1"),
         (dict(block_size=4.0), "block_size must be a Python int"),
         (dict(max_model_len=0), "max_model_len must be >= 1"),
+        (dict(block_size=None), "block_size is required with a block_table"),
+        (dict(block_table=None), "max_model_len is required without a block_table"),
+        (dict(block_size=2**63), "block_size must fit in int64"),
         (dict(query_start_loc=_i32([0, 2, 1])), "query_start_loc must be non-decreasing"),
         (dict(query_start_loc=_i32([0, 1, 4])), r"query_start_loc must lie in \[0, 3\]"),
         (dict(req_indices=_i32([2, 0])), r"req_indices must lie in \[-1, 2\)"),
@@ -961,6 +1028,8 @@ def _verify_call(**overrides):
         (dict(req_indices=_i32([0, 1])), r"req_indices must have shape \(3,\)"),
         (dict(block_size=0), "block_size must be >= 1"),
         (dict(max_model_len=None), "max_model_len must be a Python int"),
+        (dict(max_model_len=2**63), "max_model_len must fit in int64"),
+        (dict(block_size=None), "block_size is required with a block_table"),
         (dict(req_indices=_i32([0, 3, 1])), r"req_indices must lie in \[-1, 3\)"),
         (dict(num_draft_tokens=_i32([4, 0, 0])), r"num_draft_tokens must lie in \[0, 3\]"),
         (dict(num_draft_tokens=_i32([-1, 0, 0])), r"num_draft_tokens must lie in \[0, 3\]"),

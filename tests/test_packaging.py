@@ -33,3 +33,43 @@ def test_source_copy_imports_without_installing(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert Path(out.stdout.strip()).resolve() == (copy / "ops" / "__init__.py").resolve()
+
+
+_WITHOUT_TRITON = r"""
+import importlib.abc, sys
+
+class HideTriton(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)")
+        return None
+
+sys.meta_path.insert(0, HideTriton())
+import torch
+import specdec_kernels.ops as ops
+
+assert "triton" not in sys.modules and "specdec_kernels.kernels.rejection" not in sys.modules
+t = torch.tensor([[1, 2, 3, 1, 2]], dtype=torch.int32)
+n = torch.tensor([5], dtype=torch.int32)
+p = ops.ngram_propose(t, n, min_n=1, max_n=2, num_speculative_tokens=2)
+logits = torch.zeros((p.draft_token_ids.shape[0] * 3, 5))
+cu = torch.tensor([0, 2], dtype=torch.int32)
+r = ops.rejection_sample(logits, p.draft_token_ids.flatten(), cu, num_speculative_tokens=2)
+v = ops.prepare_verify_inputs(t, n, p.draft_token_ids, p.num_draft_tokens, None,
+                              max_model_len=8)
+c = ops.commit_accepted_tokens(torch.zeros((1, 8), dtype=torch.int32), n.clone(),
+                               r.output_token_ids, r.num_emitted, max_model_len=8)
+assert "triton" not in sys.modules
+print("cpu path ok", p.draft_token_ids.tolist(), int(c.num_committed[0]))
+"""
+
+
+def test_cpu_path_imports_and_runs_without_triton():
+    # macOS and CPU-only users have no Triton wheel: the package must import and run its
+    # CPU path without it (the Triton launchers load at the first CUDA tensor).
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TRITON], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "cpu path ok [[3, 1]]" in out.stdout

@@ -2,9 +2,9 @@
 
 Slot mapping, verify-input packing and token commit as a handful of vectorised torch ops
 each (``searchsorted`` to map tokens to requests, gathers, ``cumsum``, masked writes),
-device-agnostic. Semantics follow DESIGN.md ops 3-5 (checked against the reference in
-every benchmark run). The commit writes with boolean-mask indexing, which synchronises a
-GPU with the host, as such code usually does.
+device-agnostic. Semantics follow the bookkeeping contracts of docs/design.md (checked
+against the reference in every benchmark run). The commit writes with boolean-mask
+indexing, which synchronises a GPU with the host, as such code usually does.
 """
 
 from __future__ import annotations

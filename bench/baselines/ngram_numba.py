@@ -2,7 +2,7 @@
 
 This is the kind of proposer a CPU-side engine runs (vLLM's V1 n-gram proposer matches the
 reversed history with a KMP prefix function under ``numba.njit(parallel=True)``); the code
-here is written from the algorithm, not copied, and follows DESIGN.md's semantics exactly
+here is written from the algorithm, not copied, and follows docs/design.md's semantics exactly
 so its drafts can be compared with ``ngram_propose`` token for token.
 
 Reverse the history: ``rev[x] = seq[L-1-x]``. The suffix n-gram ``seq[L-n:L]`` reversed is

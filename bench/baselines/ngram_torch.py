@@ -4,7 +4,7 @@ What a torch user writes without a kernel: for ``n = max_n .. min_n``, ``unfold`
 history into all windows of length ``n``, compare them with the suffix n-gram, and take
 the first match of the longest ``n``. ``max_n - min_n + 1`` passes of ``[B, L, n]``
 compares; no host synchronisation, any device. The device-side baseline of the GPU suite.
-Semantics of DESIGN.md op 1 with ``tie_break="first"``, no ``req_indices``.
+Semantics of ``ngram_propose`` in docs/design.md with ``tie_break="first"``, no ``req_indices``.
 """
 
 from __future__ import annotations

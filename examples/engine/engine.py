@@ -166,7 +166,7 @@ class Engine:
         # Enough blocks for every row at full length: admission never waits on memory.
         self.cache = model.new_kv_cache(R * self.max_blocks, block_size)
 
-        # Persistent per-row state (DESIGN.md "Terms"), indexed by the state row r.
+        # Persistent per-row state (docs/design.md, "Terms"), indexed by the state row r.
         i32 = dict(dtype=torch.int32, device=dev)
         self.token_ids = torch.zeros((R, max_model_len), **i32)
         self.num_tokens = torch.zeros((R,), **i32)

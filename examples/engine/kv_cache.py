@@ -2,9 +2,9 @@
 
 Each layer has a key and a value cache of shape ``[num_blocks, block_size, kv_heads,
 head_dim]``. Token ``pos`` of a request lives in slot ``block_table[r, pos // block_size] *
-block_size + pos % block_size`` (DESIGN.md's slot formula). The last block is never handed
-out: writes to ``PAD_SLOT = -1`` (padding tokens of a static batch) are redirected there, so
-the forward pass needs no data-dependent branch.
+block_size + pos % block_size`` (the slot formula of docs/design.md). The last block is
+never handed out: writes to ``PAD_SLOT = -1`` (padding tokens of a static batch) are
+redirected there, so the forward pass needs no data-dependent branch.
 """
 
 from __future__ import annotations

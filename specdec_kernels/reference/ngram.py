@@ -1,7 +1,7 @@
 """Plain-Python n-gram (prompt lookup) proposer: the oracle for ``ngram_propose``.
 
 Follows the prompt-lookup decoding of Saxena (2023) as vLLM's n-gram proposer and
-Hugging Face's ``prompt_lookup_num_tokens`` run it, with DESIGN.md's exact rules.
+Hugging Face's ``prompt_lookup_num_tokens`` run it, with the exact rules of ``docs/design.md``.
 """
 
 from __future__ import annotations
