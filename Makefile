@@ -1,7 +1,7 @@
 # Set-up and the two everyday commands. Works on a fresh machine with python3 + pip.
 #   make demo   the main job (the example engine on its default model and prompts)
 #   make test   lint + the whole test-suite (Triton kernels run under TRITON_INTERPRET=1 on CPU)
-#   make bench  the CPU microbenchmark suite -> bench/results/
+#   make bench  the CPU microbenchmark suite, one thread -> bench/results/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -43,7 +43,7 @@ test: $(VENV)/.examples-installed $(VENV)/.bench-installed lint
 	$(BIN)/python -m pytest -q --durations=15
 
 bench: $(VENV)/.bench-installed
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench --threads 1
 
 # Pure-Python wheels of the test tools for a GPU machine that has torch and triton but no
 # pytest: carry .wheelhouse/ with the working tree; bench/gpu_check.sh unpacks it.

@@ -11,7 +11,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.harness import Result  # noqa: E402
 
+# Line style and marker per implementation, so the legend tells the op from its baselines
+# even where one colour stands for one group (B, V/dtype).
 _STYLE = {"op": "-", "numba": "--", "torch": "--", "reference": ":"}
+_MARKER = {"op": "o", "numba": "s", "torch": "^", "reference": "x"}
 _COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
@@ -42,8 +45,9 @@ def _draw(ax, series, group_names, xlabel, title):
             ys,
             _STYLE.get(key[-1], "-."),
             color=color,
-            marker="o",
-            ms=3,
+            marker=_MARKER.get(key[-1], "d"),
+            ms=4,
+            lw=1.8 if key[-1] == "op" else 1.0,
             label=f"{key[-1]} {label}".strip(),
         )
         ax.fill_between(xs, [p[2] for p in pts], [p[3] for p in pts], color=color, alpha=0.15)

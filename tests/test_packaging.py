@@ -73,3 +73,33 @@ def test_cpu_path_imports_and_runs_without_triton():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "cpu path ok [[3, 1]]" in out.stdout
+
+
+def test_sdist_carries_what_its_tests_need(tmp_path):
+    # An unpacked sdist must be able to run its own test-suite: tests/ imports bench/ and
+    # examples/, and the docs the code points to must be there too.
+    code = (
+        "import sys, setuptools.build_meta as m; "
+        f"print(m.build_sdist({str(tmp_path)!r}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    import tarfile
+
+    with tarfile.open(tmp_path / out.stdout.strip().splitlines()[-1]) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    for need in (
+        "tests/conftest.py",
+        "tests/test_ngram.py",
+        "bench/harness.py",
+        "bench/gpu_check.sh",
+        "examples/engine/engine.py",
+        "examples/engine/prompts.json",
+        "ops/_library.py",
+        "specdec_kernels/py.typed",
+        "docs/design.md",
+        "LICENSE",
+    ):
+        assert need in names, need
