@@ -144,10 +144,10 @@ def _ngram_case(rows, spec, ngram_propose, numba_fn, graphs) -> None:
     got = ngram_propose(gtok, gnt, **kw)
     base = ngram_propose_torch(gtok, gnt, **kw)
     assert _equal(tuple(got), tuple(want)), f"ngram CUDA != CPU at {label}"
-    assert _equal(base, tuple(want)), f"ngram torch-eager != CPU at {label}"
+    assert _equal(base, tuple(want)[:2]), f"ngram torch-eager != CPU at {label}"
     if numba_fn is not None:
         nd, nc = numba_fn(tok.numpy(), nt.numpy(), **kw)
-        assert _equal((torch.from_numpy(nd), torch.from_numpy(nc)), tuple(want))
+        assert _equal((torch.from_numpy(nd), torch.from_numpy(nc)), tuple(want)[:2])
     rows.note(
         f"ngram_propose {label}: CUDA op == CPU op == torch eager"
         + (" == numba" if numba_fn else "")

@@ -27,6 +27,9 @@ class NgramProposal(NamedTuple):
     """int32 ``[B, k]``: the drafts of batch row ``b`` in ``[b, :num_draft_tokens[b]]``, then -1."""
     num_draft_tokens: torch.Tensor
     """int32 ``[B]``: how many drafts row ``b`` got, in ``[0, k]``."""
+    match_len: torch.Tensor
+    """int32 ``[B]``: the ``n`` of the n-gram whose continuation became the drafts, in
+    ``[min_n, max_n]``; 0 for a row that got no draft."""
 
 
 def _fake(
@@ -45,13 +48,14 @@ def _fake(
     return (
         token_ids.new_empty((B, num_speculative_tokens), dtype=torch.int32),
         token_ids.new_empty((B,), dtype=torch.int32),
+        token_ids.new_empty((B,), dtype=torch.int32),
     )
 
 
 define(
     "ngram_propose(Tensor token_ids, Tensor num_tokens, Tensor? req_indices, "
     "Tensor? max_draft_tokens, *, int min_n, int max_n, int num_speculative_tokens, "
-    "int? max_model_len, str tie_break) -> (Tensor, Tensor)",
+    "int? max_model_len, str tie_break) -> (Tensor, Tensor, Tensor)",
     cpu=_cpu.ngram_propose,
     cuda="specdec_kernels.kernels.ngram:ngram_propose",
     fake=_fake,
@@ -118,8 +122,10 @@ def ngram_propose(
     Returns
     -------
     NgramProposal
-        ``draft_token_ids`` int32 ``[B, k]`` padded with -1 (``PLACEHOLDER``), and
-        ``num_draft_tokens`` int32 ``[B]``, on the device of ``token_ids``.
+        ``draft_token_ids`` int32 ``[B, k]`` padded with -1 (``PLACEHOLDER``),
+        ``num_draft_tokens`` int32 ``[B]`` and ``match_len`` int32 ``[B]`` (the ``n`` of
+        the winning n-gram, 0 for a row without drafts: a signal of how far the drafts can
+        be trusted, e.g. for ``plan_draft_lengths``), on the device of ``token_ids``.
 
     Raises
     ------
@@ -169,7 +175,7 @@ def ngram_propose(
                     f"max_draft_tokens must be >= 0, got {int(max_draft_tokens.min())}"
                 )
 
-    drafts, counts = torch.ops.specdec.ngram_propose(
+    drafts, counts, match_len = torch.ops.specdec.ngram_propose(
         token_ids,
         num_tokens.contiguous(),
         None if req_indices is None else req_indices.contiguous(),
@@ -180,4 +186,4 @@ def ngram_propose(
         max_model_len=max_model_len,
         tie_break=tie_break,
     )
-    return NgramProposal(drafts, counts)
+    return NgramProposal(drafts, counts, match_len)

@@ -87,7 +87,7 @@ def _run(
 
 
 def _drafts(out, b=0):
-    drafts, counts = out
+    drafts, counts = out[:2]
     n = int(counts[b])
     assert (drafts[b, n:] == -1).all(), "slots past num_draft_tokens must hold -1"
     return drafts[b, :n].tolist()
@@ -101,6 +101,18 @@ def test_longer_ngram_wins_over_shorter(impl, kernel_device):
     t, n = _history([[9, 2, 3, 5, 1, 2, 3, 4, 1, 2, 3]])
     out = _run(impl, t, n, device=kernel_device, min_n=2, max_n=3, k=2)
     assert _drafts(out) == [4, 1]
+    assert out[2].tolist() == [3]  # match_len: the 3-gram "1 2 3" won
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_match_len_is_the_winning_n_and_zero_without_drafts(impl, kernel_device):
+    # rows: a 2-gram match; no match; a match whose drafts a cap removes; a padding row
+    t, n = _history([[5, 6, 7, 5, 6], [1, 2, 3], [8, 9, 8, 9, 8, 9]])
+    req = torch.tensor([0, 1, 2, -1], dtype=torch.int32)
+    cap = torch.tensor([3, 3, 0, 3], dtype=torch.int32)
+    out = _run(impl, t, n, req, cap, device=kernel_device, min_n=1, max_n=4, k=3)
+    assert out[1].tolist() == [3, 0, 0, 0]
+    assert out[2].dtype == torch.int32 and out[2].tolist() == [2, 0, 0, 0]
 
 
 @pytest.mark.parametrize("impl", ALL)
@@ -137,7 +149,7 @@ def test_max_model_len_caps_drafts(impl, max_model_len, expected, kernel_device)
 def test_empty_batch_returns_static_shapes(impl, kernel_device):
     t = torch.zeros((0, 8), dtype=torch.int32)
     n = torch.zeros((0,), dtype=torch.int32)
-    drafts, counts = _run(impl, t, n, device=kernel_device, min_n=2, max_n=5, k=3)
+    drafts, counts, _ = _run(impl, t, n, device=kernel_device, min_n=2, max_n=5, k=3)
     assert drafts.shape == (0, 3) and counts.shape == (0,)
 
 
@@ -246,6 +258,7 @@ def test_cpu_and_triton_match_reference_on_random_batches(case):
         out = _run(impl, t, n, req_t, cap_t, **kw)
         assert torch.equal(out[0], ref[0]), (impl, out[0], ref[0])
         assert torch.equal(out[1], ref[1]), (impl, out[1], ref[1])
+        assert torch.equal(out[2], ref[2]), (impl, out[2], ref[2])
 
 
 # ---------------------------------------------------------------- registration
@@ -379,8 +392,8 @@ def test_meta_device_mismatch_is_reported():
 @pytest.mark.parametrize("impl", ALL)
 def test_k_zero_is_plain_decoding(impl, kernel_device):
     t, n = _history([[1, 2, 1, 2, 1]])
-    drafts, counts = _run(impl, t, n, device=kernel_device, min_n=1, max_n=2, k=0)
-    assert drafts.shape == (1, 0) and counts.tolist() == [0]
+    drafts, counts, match_len = _run(impl, t, n, device=kernel_device, min_n=1, max_n=2, k=0)
+    assert drafts.shape == (1, 0) and counts.tolist() == [0] and match_len.tolist() == [0]
 
 
 @pytest.mark.parametrize("impl", ALL)
@@ -388,8 +401,9 @@ def test_all_padding_batch_without_state_rows(impl, kernel_device):
     # R = 0: nothing may be read, not even num_tokens.
     t, n = torch.zeros((0, 8), dtype=torch.int32), torch.zeros((0,), dtype=torch.int32)
     req = torch.tensor([-1, -1], dtype=torch.int32)
-    drafts, counts = _run(impl, t, n, req, device=kernel_device, min_n=1, max_n=2, k=2)
+    drafts, counts, match_len = _run(impl, t, n, req, device=kernel_device, min_n=1, max_n=2, k=2)
     assert drafts.tolist() == [[-1, -1], [-1, -1]] and counts.tolist() == [0, 0]
+    assert match_len.tolist() == [0, 0]
 
 
 def test_value_checks_ignore_state_rows_outside_the_batch():

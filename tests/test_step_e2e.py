@@ -279,7 +279,7 @@ def _run_greedy(ops, num_steps):
             break
         req_t = torch.tensor(req, dtype=I32, device=dev)
         tok, nt = state["token_ids"], state["num_tokens"]
-        drafts, nd = ops.propose(tok, nt, req_t)
+        drafts, nd, _ = ops.propose(tok, nt, req_t)
         v = ops.prepare(tok, nt, drafts, nd, state["block_table"], req_t)
         _write_kv(state["kv"], v[4], v[0])  # what the model's attention layers do
         v = tuple(t.cpu() for t in v)
@@ -349,7 +349,7 @@ def _sampled_step(ops, state, params, req, seeds, step=0):
     dev = ops.device
     tok, nt, nc = (state[k].clone() for k in ("token_ids", "num_tokens", "num_computed"))
     req_t = torch.tensor(req, dtype=I32, device=dev)
-    drafts, nd = ops.propose(tok, nt, req_t)
+    drafts, nd, _ = ops.propose(tok, nt, req_t)
     v = ops.prepare(tok, nt, drafts, nd, state["block_table"], req_t)
     ids, pos, qsl = v[0], v[1], v[2]
     offsets = pos[qsl[:-1].long()]  # position of each first query token (0: padding row)

@@ -276,7 +276,7 @@ class Engine:
         req_indices = torch.tensor([q.row for q in running], dtype=torch.int32, device=dev)
         rows = req_indices.long()
         # k = 0 (plain decoding) runs the same ops: no drafts, one query token per request.
-        drafts, num_drafts = ngram_propose(
+        drafts, num_drafts, _ = ngram_propose(
             self.token_ids,
             self.num_tokens,
             req_indices,

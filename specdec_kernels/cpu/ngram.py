@@ -48,13 +48,13 @@ def ngram_propose(
     num_speculative_tokens: int,
     max_model_len: int | None,
     tie_break: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k = num_speculative_tokens
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
     drafts = torch.full((B, k), -1, dtype=torch.int32)
     counts = torch.zeros(B, dtype=torch.int32)
     if B == 0 or k == 0:
-        return drafts, counts
+        return drafts, counts, counts.clone()
 
     if req_indices is None:
         rows = None
@@ -65,11 +65,11 @@ def ngram_propose(
         active = rows >= 0
         rows = rows.clamp(min=0)
         if num_tokens.numel() == 0:  # no state rows: every batch row is padding
-            return drafts, counts
+            return drafts, counts, counts.clone()
         lengths = torch.where(active, num_tokens[rows].long(), 0)
     width = int(lengths.max())
     if width < 2:
-        return drafts, counts
+        return drafts, counts, counts.clone()
     if req_indices is None and token_ids.is_contiguous():
         hist = token_ids[:, :width]
         flat, row_stride = token_ids.view(-1), token_ids.stride(0)
@@ -129,4 +129,5 @@ def ngram_propose(
     take = j[None, :] < m[:, None]
     src = (start[:, None] + j[None, :]).clamp(0, width - 1)
     drafts = torch.where(take, hist.gather(1, src), -1).to(torch.int32)
-    return drafts, m.to(torch.int32)
+    match_len = torch.where(m > 0, best_n, 0).to(torch.int32)
+    return drafts, m.to(torch.int32), match_len

@@ -89,6 +89,7 @@ def _ngram_finalize_kernel(
     num_blocks,
     drafts_ptr,
     num_drafts_ptr,
+    match_len_ptr,
     k,
     max_model_len,
     HAS_REQ_INDICES: tl.constexpr,
@@ -133,6 +134,7 @@ def _ngram_finalize_kernel(
     )
     tl.store(drafts_ptr + b * k + offs, tl.where(take, tok, -1), mask=offs < k)
     tl.store(num_drafts_ptr + b, m.to(tl.int32))
+    tl.store(match_len_ptr + b, tl.where(m > 0, key >> 32, 0).to(tl.int32))
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -151,7 +153,7 @@ def ngram_propose(
     num_speculative_tokens: int,
     max_model_len: int | None,
     tie_break: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the scan and finalize kernels; inputs are assumed validated.
 
     Absent optional tensors go to the kernels as ``None`` (a constexpr there, guarded by
@@ -162,10 +164,11 @@ def ngram_propose(
     device = token_ids.device
     drafts = _empty((B, k), torch.int32, device)
     counts = _empty((B,), torch.int32, device)
+    match_len = _empty((B,), torch.int32, device)
     if B == 0:
-        return drafts, counts
+        return drafts, counts, match_len
     if k == 0:
-        return drafts, counts.zero_()
+        return drafts, counts.zero_(), match_len.zero_()
     L_max = token_ids.shape[1]
     block = min(1024, max(16, next_pow2(L_max)))
     num_blocks = max(1, triton.cdiv(L_max, block))
@@ -197,6 +200,7 @@ def ngram_propose(
         num_blocks=num_blocks,
         drafts_ptr=drafts,
         num_drafts_ptr=counts,
+        match_len_ptr=match_len,
         k=k,
         max_model_len=max_model_len if max_model_len is not None else 0,
         HAS_REQ_INDICES=req_indices is not None,
@@ -206,4 +210,4 @@ def ngram_propose(
         KEY_BLOCK=min(1024, next_pow2(num_blocks)),
         K_BLOCK=next_pow2(k),
     )
-    return drafts, counts
+    return drafts, counts, match_len

@@ -20,12 +20,13 @@ def ngram_propose(
     num_speculative_tokens: int,
     max_model_len: int | None,
     tie_break: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Loop over requests, then n from ``max_n`` down to ``min_n``, then every start ``i``."""
     k = num_speculative_tokens
     rows = list(range(num_tokens.shape[0])) if req_indices is None else req_indices.tolist()
     drafts = torch.full((len(rows), k), -1, dtype=torch.int32)
     counts = torch.zeros(len(rows), dtype=torch.int32)
+    match_len = torch.zeros(len(rows), dtype=torch.int32)  # n of the match, if it drafted
     for b, r in enumerate(rows):
         if r < 0:
             continue
@@ -45,5 +46,6 @@ def ngram_propose(
             m = max(0, min(cap, length - (i + n)))
             drafts[b, :m] = torch.tensor(seq[i + n : i + n + m], dtype=torch.int32)
             counts[b] = m
+            match_len[b] = n if m > 0 else 0
             break
-    return drafts, counts
+    return drafts, counts, match_len
