@@ -14,6 +14,12 @@ from specdec_kernels.constants import (
     PLACEHOLDER,
 )
 from specdec_kernels.ops.commit import CommitResult, commit_accepted_tokens
+from specdec_kernels.ops.draft_plan import (
+    DraftPlan,
+    new_acceptance_stats,
+    plan_draft_lengths,
+    update_acceptance_stats,
+)
 from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
 from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample, sampling_offsets
 from specdec_kernels.ops.verify_inputs import (
@@ -31,14 +37,18 @@ __all__ = [
     "PAD_SLOT",
     "PLACEHOLDER",
     "CommitResult",
+    "DraftPlan",
     "NgramProposal",
     "RejectionOutput",
     "VerifyInputs",
     "commit_accepted_tokens",
     "compute_slot_mapping",
     "exclusive_cu_num_draft_tokens",
+    "new_acceptance_stats",
     "ngram_propose",
+    "plan_draft_lengths",
     "prepare_verify_inputs",
     "rejection_sample",
     "sampling_offsets",
+    "update_acceptance_stats",
 ]

@@ -26,7 +26,13 @@ FINISH_LENGTH = 2
 FINISH_REASON_NAMES = {FINISH_RUNNING: "running", FINISH_STOP: "stop", FINISH_LENGTH: "length"}
 """The name of each ``finish_reason`` value, as OpenAI-style servers report it."""
 
+DRAFT_GAIN_SCALE = 2**24
+"""``plan_draft_lengths`` quantises each draft's gain (a probability) to an integer multiple
+of ``1 / DRAFT_GAIN_SCALE``, so that its sums are exact in any order and the CPU path, the
+Triton kernel and the reference choose the same plan bit for bit."""
+
 __all__ = [
+    "DRAFT_GAIN_SCALE",
     "FINISH_LENGTH",
     "FINISH_REASON_NAMES",
     "FINISH_RUNNING",

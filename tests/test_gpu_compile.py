@@ -100,6 +100,19 @@ print("compiled")
 """
 
 
+_DRAFT_PLAN = r"""
+from specdec_kernels.kernels import draft_plan as K
+f32 = {"acc_ptr": "*fp32", "cost_ptr": "*fp32", "expected_ptr": "*fp32"}
+for flag, bb, kb, k in ((True, 64, 4, 4), (False, 1, 1, 0), (True, 256, 8, 5)):
+    absent = {} if flag else dict(req_indices_ptr=None)  # None: an absent tensor
+    build(K._plan_kernel,
+          dict(K=k, HAS_REQ_INDICES=flag, HAS_MAX_NUM_TOKENS=flag, BB=bb, KB=kb, **absent), f32)
+    build(K._update_kernel, dict(K=k, HAS_REQ_INDICES=flag, KB=kb, **absent),
+          {"acc_ptr": "*fp32"}, {"keep": "fp32", "learn": "fp32"})
+print("compiled")
+"""
+
+
 def compile_for_gpu(script: str) -> None:
     """Run ``_PRELUDE + script`` in a subprocess without the interpreter; skip if unsupported."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -128,3 +141,8 @@ def test_rejection_kernels_compile_for_the_gpu():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
 def test_bookkeeping_kernels_compile_for_the_gpu():
     compile_for_gpu(_BOOKKEEPING)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
+def test_draft_plan_kernels_compile_for_the_gpu():
+    compile_for_gpu(_DRAFT_PLAN)
