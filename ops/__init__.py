@@ -21,6 +21,17 @@ from specdec_kernels.ops.draft_plan import (
     update_acceptance_stats,
 )
 from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
+from specdec_kernels.ops.ngram_index import (
+    Corpus,
+    IndexProposal,
+    NgramIndex,
+    corpus_append,
+    new_corpus,
+    new_ngram_index,
+    ngram_index_build,
+    ngram_index_extend,
+    ngram_index_propose,
+)
 from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample, sampling_offsets
 from specdec_kernels.ops.verify_inputs import (
     VerifyInputs,
@@ -37,14 +48,23 @@ __all__ = [
     "PAD_SLOT",
     "PLACEHOLDER",
     "CommitResult",
+    "Corpus",
+    "IndexProposal",
+    "NgramIndex",
     "DraftPlan",
     "NgramProposal",
     "RejectionOutput",
     "VerifyInputs",
     "commit_accepted_tokens",
     "compute_slot_mapping",
+    "corpus_append",
     "exclusive_cu_num_draft_tokens",
     "new_acceptance_stats",
+    "new_corpus",
+    "new_ngram_index",
+    "ngram_index_build",
+    "ngram_index_extend",
+    "ngram_index_propose",
     "ngram_propose",
     "plan_draft_lengths",
     "prepare_verify_inputs",

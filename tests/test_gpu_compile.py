@@ -146,3 +146,39 @@ def test_bookkeeping_kernels_compile_for_the_gpu():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
 def test_draft_plan_kernels_compile_for_the_gpu():
     compile_for_gpu(_DRAFT_PLAN)
+
+
+# ---------------------------------------------------------------- ngram_index family (issue 11)
+
+_NGRAM_INDEX = r"""
+from specdec_kernels.kernels import ngram_index as K
+i64 = {"corpus_meta_ptr": "*i64", "corpus_index_ptr": "*i64", "corpus_state_ptr": "*i64",
+       "plan_ptr": "*i64", "source_ptr": "*i8"}
+for flag in (False, True):
+    build(K._index_clear_kernel, dict(N=4, HAS_REQ_INDICES=flag, BLOCK=4096))
+    for scratch in (False, True):
+        build(K._index_insert_kernel,
+              dict(MIN_N=2, N=4, HAS_REQ_INDICES=flag, FROM_SCRATCH=scratch,
+                   BLOCK=256 if scratch else 16))
+        build(K._index_set_len_kernel, dict(HAS_REQ_INDICES=flag, FROM_SCRATCH=scratch, BLOCK=256))
+    build(K._corpus_plan_kernel, dict(HAS_REQ_INDICES=flag, BLOCK=256), i64)
+    build(K._corpus_write_kernel, dict(MIN_N=2, N=4, HAS_REQ_INDICES=flag, BLOCK=256), i64)
+    for corpus in (False, True):
+        build(K._index_propose_kernel,
+              dict(MIN_N=2, N=4, NB=4, HAS_REQ_INDICES=flag, HAS_MAX_DRAFT=flag,
+                   HAS_MAX_MODEL_LEN=not flag, HAS_CORPUS=corpus, TIE_LAST=flag, K_BLOCK=8), i64)
+build(K._index_propose_kernel,
+      dict(MIN_N=1, N=1, NB=1, HAS_REQ_INDICES=False, HAS_MAX_DRAFT=False,
+           HAS_MAX_MODEL_LEN=False, HAS_CORPUS=True, TIE_LAST=False, K_BLOCK=1), i64)
+print("compiled")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
+def test_ngram_index_kernels_compile_for_the_gpu():
+    compile_for_gpu(_NGRAM_INDEX)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
+def test_draft_plan_kernels_compile_for_the_gpu():
+    compile_for_gpu(_DRAFT_PLAN)
