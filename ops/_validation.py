@@ -44,6 +44,7 @@ def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], what: str =
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def check_int(
@@ -141,11 +142,37 @@ def check_req_indices_values(
             raise ValueError("req_indices must be unique (apart from -1 padding rows)")
 
 
-def check_value_range(name: str, values: torch.Tensor, lo: int, hi: int, what: str = "") -> None:
-    """Value check: every entry of ``values`` in ``[lo, hi]``."""
+def check_value_range(
+    name: str,
+    values: torch.Tensor,
+    lo: float,
+    hi: float,
+    what: str = "",
+    *,
+    lo_open: bool = False,
+) -> None:
+    """Value check: every entry of ``values`` in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``).
+
+    Integer and floating tensors alike; NaN is never in range (pass ``hi=FLOAT32_MAX`` to
+    require finite values).
+    """
     if values.numel() == 0:
         return
-    vmin, vmax = int(values.min()), int(values.max())
-    if vmin < lo or vmax > hi:
-        extra = f" ({what})" if what else ""
-        raise ValueError(f"{name} must lie in [{lo}, {hi}]{extra}, got values in [{vmin}, {vmax}]")
+    if values.is_floating_point():
+        too_low = values <= lo if lo_open else values < lo
+        if not bool((too_low | (values > hi) | torch.isnan(values)).any()):
+            return
+        if bool(torch.isnan(values).any()):
+            shown = "a NaN"
+        else:
+            shown = f"values in [{float(values.min()):.6g}, {float(values.max()):.6g}]"
+        lo_s, hi_s = f"{lo:.6g}", f"{hi:.6g}"
+    else:
+        vmin, vmax = int(values.min()), int(values.max())
+        if (vmin > lo if lo_open else vmin >= lo) and vmax <= hi:
+            return
+        shown, lo_s, hi_s = f"values in [{vmin}, {vmax}]", str(lo), str(hi)
+    extra = f" ({what})" if what else ""
+    raise ValueError(
+        f"{name} must lie in {'(' if lo_open else '['}{lo_s}, {hi_s}]{extra}, got {shown}"
+    )

@@ -1,4 +1,9 @@
-"""``rejection_sample``: greedy and probabilistic verification of draft tokens on the device."""
+"""``rejection_sample``: greedy and sampled verification of draft tokens on the device.
+
+One-hot (n-gram) drafts are verified by coupling, so speculation never changes the output;
+draft probabilities get classic speculative sampling. Contract: ``docs/design.md``, op
+``rejection_sample``.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,16 @@ from typing import NamedTuple
 
 import torch
 
-from specdec_kernels import cpu, kernels, reference  # noqa: F401  (subpackages)
 from specdec_kernels.cpu import rejection as _cpu
-from specdec_kernels.kernels import rejection as _triton
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._validation import (
+    FLOAT32_MAX,
+    INT64_MAX,
     check_int,
     check_req_indices_values,
     check_shape,
     check_tensor,
+    check_value_range,
     should_check_values,
 )
 
@@ -31,8 +37,9 @@ class RejectionOutput(NamedTuple):
     num_emitted: torch.Tensor
     """int32 ``[B]``: tokens emitted by request ``b`` (accepted drafts + 1), in ``[1, k_b+1]``."""
     logprobs: torch.Tensor | None
-    """float32 ``[B, k+1]``: log-softmax of the raw target logits at each emitted token, 0
-    past ``num_emitted[b]``; ``None`` unless ``return_logprobs=True``."""
+    """float32 ``[B, k+1]``: log-softmax of the raw fp32 target logits at each emitted
+    token (exact for logits of any finite magnitude), 0 past ``num_emitted[b]``; ``None``
+    unless ``return_logprobs=True``."""
 
 
 def sampling_offsets(
@@ -81,44 +88,6 @@ def sampling_offsets(
     return torch.where(rows >= 0, pos, torch.zeros_like(pos))
 
 
-def _impl(cpu_or_cuda):
-    def impl(
-        target_logits,
-        draft_token_ids,
-        cu_num_draft_tokens,
-        draft_probs,
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        seeds,
-        offsets,
-        num_speculative_tokens,
-        return_logprobs,
-    ):
-        if temperature is not None and (seeds is None or offsets is None):
-            raise ValueError(
-                "specdec::rejection_sample needs seeds and offsets when temperature is given "
-                "(the Python wrapper rejection_sample fills them)"
-            )
-        return cpu_or_cuda(
-            target_logits,
-            draft_token_ids,
-            cu_num_draft_tokens,
-            draft_probs,
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            seeds,
-            offsets,
-            num_speculative_tokens=num_speculative_tokens,
-            return_logprobs=return_logprobs,
-        )
-
-    return impl
-
-
 def _fake(
     target_logits,
     draft_token_ids,
@@ -130,9 +99,11 @@ def _fake(
     min_p,
     seeds,
     offsets,
+    *,
     num_speculative_tokens,
     return_logprobs,
 ):
+    _cpu.require_seeds_and_offsets(temperature, seeds, offsets)
     B = cu_num_draft_tokens.shape[0] - 1
     K1 = num_speculative_tokens + 1
     return (
@@ -145,10 +116,10 @@ def _fake(
 define(
     "rejection_sample(Tensor target_logits, Tensor draft_token_ids, Tensor cu_num_draft_tokens, "
     "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
-    "Tensor? seeds, Tensor? offsets, int num_speculative_tokens, bool return_logprobs) "
+    "Tensor? seeds, Tensor? offsets, *, int num_speculative_tokens, bool return_logprobs) "
     "-> (Tensor, Tensor, Tensor)",
-    cpu=_impl(_cpu.rejection_sample),
-    cuda=_impl(_triton.rejection_sample),
+    cpu=_cpu.rejection_sample,
+    cuda="specdec_kernels.kernels.rejection:rejection_sample",
     fake=_fake,
 )
 
@@ -159,12 +130,6 @@ def _param(name, t, dtypes, B, device):
     t = check_tensor(name, t, dtype=dtypes, ndim=1, device=device)
     check_shape(name, t, (B,), "one value per request")
     return t.contiguous()
-
-
-def _range_error(name: str, bad: torch.Tensor, t: torch.Tensor, want: str) -> None:
-    if bool(bad.any()):
-        value = t[bad.nonzero()[0, 0]].item()
-        raise ValueError(f"{name} must be {want}, got {value} (request {int(bad.nonzero()[0, 0])})")
 
 
 def rejection_sample(
@@ -184,55 +149,71 @@ def rejection_sample(
     validate: bool | None = None,
 ) -> RejectionOutput:
     """Verify draft tokens against the target model: keep the longest accepted prefix, then
-    emit one recovered or bonus token per request.
-
-    Speculative sampling (Leviathan, Kalman and Matias, 2023, "Fast inference from
-    transformers via speculative decoding"; Chen et al., 2023, "Accelerating large language
-    model decoding with speculative sampling"): every emitted token is distributed exactly
-    as the target distribution ``p`` of its row, whatever the draft. The layout follows
-    vLLM V1's rejection sampler, with an *exclusive* ``cu_num_draft_tokens`` of length
-    ``B + 1`` (vLLM's array of that name is the *inclusive* prefix sum, length ``B``).
+    emit one more token per request.
 
     Request ``b`` has ``k_b = cu[b+1] - cu[b] <= k`` drafts ``d_j =
     draft_token_ids[cu[b] + j]`` and ``k_b + 1`` target rows ``cu[b] + b + j``
     (``j = 0 .. k_b``): row ``j`` is the model's output at query token ``j`` and verifies
-    ``d_j``; row ``cu[b+1] + b`` is the bonus row.
+    ``d_j``; row ``cu[b+1] + b`` is the bonus row. The layout follows vLLM V1's rejection
+    sampler, with an *exclusive* ``cu_num_draft_tokens`` of length ``B + 1`` (vLLM's array
+    of that name is the *inclusive* prefix sum, length ``B``; see
+    ``exclusive_cu_num_draft_tokens``).
 
-    - Greedy requests (``temperature is None`` or ``temperature[b] == 0``): emit each
-      row's argmax (ties: lowest id; NaN counts as ``-inf``) while it equals the draft; at
-      the first mismatch emit the argmax and stop; if all match, emit the bonus row's
-      argmax. Other requests' parameters never matter.
-    - Sampled requests: ``p`` = softmax(logits / T), then top-k (keep ``x`` iff fewer than
-      ``k`` tokens have a larger ``p``; 0 or ``>= V``: off), renormalise, top-p (keep ``x``
-      iff the mass of tokens with a larger ``p`` is ``< top_p``; 1.0: off), renormalise,
-      min-p (keep ``x`` iff ``p(x) >= min_p * max p``; 0: off). Ties are kept together.
-      Accept ``d_j`` iff it is in ``[0, V)``, ``q(d_j) > 0`` and ``u < p(d_j) / q(d_j)``
-      (``q`` one-hot when ``draft_probs`` is None, as for n-gram drafts). At the first
-      rejection emit a sample from ``normalize(max(p - q, 0))`` (one-hot: ``p`` without
-      ``d_j``; a draft id outside ``[0, V)``: ``p``; if that has no mass: ``p``) and stop;
-      if all are accepted, emit a sample from the bonus row's ``p``. A token with
-      ``p = 0`` is never emitted.
-    - Sampling is by inverse CDF with one uniform per token: the first id whose running
-      mass exceeds ``u * total``.
-    - In fp32 the rules act on the weights ``e = exp(z - max z)`` (``z = logits / T``,
-      NaN read as ``-inf``, ``e = 1`` at the maximum): the filters keep ``{e >= t}`` for
-      one threshold ``t`` (min-p: ``e >= min_p``), ``p = w / sum(w)`` with ``w`` the kept
-      weights. A row whose logits are all ``-inf``/NaN is uniform over the vocabulary;
-      ``+inf`` logits share all the mass. Log-probabilities of such rows are not finite.
+    - Each row's target distribution. Greedy requests (``temperature is None`` or
+      ``temperature[b] == 0``): the argmax (ties: lowest id; NaN counts as ``-inf``).
+      Sampled requests: ``p`` = softmax(logits / T), then top-k (keep ``x`` iff fewer
+      than ``k`` tokens have a larger ``p``; 0 or ``>= V``: off), renormalise, top-p (keep
+      ``x`` iff the mass of tokens with a larger ``p`` is ``< top_p``; 1.0: off),
+      renormalise, min-p (keep ``x`` iff ``p(x) >= min_p * max p``; 0: off). Ties are
+      kept together. A sample is drawn by inverse CDF with one uniform ``u``: the first id
+      whose running mass exceeds ``u * total``. A token with ``p = 0`` is never emitted.
+    - One-hot drafts (``draft_probs is None``, e.g. n-gram): *coupled verification*.
+      Every row ``j`` gets its own token ``y_j``: the argmax (greedy) or the inverse-CDF
+      sample of its filtered ``p`` with the stream-1 uniform of counter ``offsets[b] + j``
+      (sampled). ``d_j`` is accepted iff ``d_j == y_j``; at the first mismatch ``y_j`` is
+      emitted and the request stops; if every draft matches, ``y_{k_b}`` is emitted. So
+      every emitted token is the token this op with ``k = 0`` (a plain sampler, which runs
+      the same code as row ``y_0``) emits at that position and context: speculation never
+      changes the output, nor do the batch, the batch row or the other requests'
+      parameters. A draft is accepted with probability ``p(d_j)``, as in classic
+      rejection sampling with a one-hot ``q``, so the speed-up is the same. **Requests
+      meant to differ need distinct seeds**: the same seed at the same positions and
+      context gives the same tokens.
+    - Draft probabilities (a draft model): classic speculative sampling (Leviathan,
+      Kalman and Matias, 2023, "Fast inference from transformers via speculative
+      decoding"; Chen et al., 2023, "Accelerating large language model decoding with
+      speculative sampling"). Accept ``d_j`` iff it is in ``[0, V)``, ``q(d_j) > 0`` and
+      ``u0 < p(d_j) / q(d_j)`` (stream 0); at the first rejection emit a sample of
+      ``normalize(max(p - q, 0))`` (``p`` if that has no mass or the id is outside
+      ``[0, V)``) with the stream-1 uniform and stop; if all are accepted, sample the bonus
+      row's ``p``. Every emitted token is distributed exactly as ``p``, but the output is
+      not invariant: a rejected row samples the residual, which depends on ``q``, so with
+      the same uniforms it usually emits another token than the plain sampler would, and
+      the next rows see another context. (Coupling cannot fix this: a sampled draft is
+      accepted with probability ``min(1, p/q)``, not iff it equals the plain sampler's
+      token.)
+    - In fp32 the rules act on the weights ``e = exp((l - max l) / T)`` (``l`` the logits,
+      NaN read as ``-inf``; computed as ``exp2``, ``e = 1`` at the maximum, weights below
+      ``2**-126`` count as 0): the filters keep ``{e >= t}`` for one threshold ``t``
+      (min-p: ``e >= min_p``), ``p = w / sum(w)`` with ``w`` the kept weights. A row whose
+      logits are all ``-inf``/NaN is uniform over the vocabulary; ``+inf`` logits share all
+      the mass.
     - Randomness: Philox4x32-10 (Salmon et al., 2011) keyed by ``seeds[b]``; the
-      acceptance uniform of row ``j`` uses counter ``(offsets[b] + j, stream 0)``, its
-      sampling uniform ``(offsets[b] + j, stream 1)``; the 64-bit counter value fills
-      counter words 0 (low 32 bits) and 1 (high 32 bits), the stream word 2, and word 3 is
-      0; the seed's low and high 32 bits are the two key words; output word 0 becomes
-      ``u = (word0 >> 8) * 2**-24`` in ``[0, 1)``. Pass the position of the first query
-      token as ``offsets[b]`` (:func:`sampling_offsets`), so a request's randomness never
-      depends on its batch row or on the rest of the batch.
+      acceptance uniform of row ``j`` (draft probabilities only) uses counter
+      ``(offsets[b] + j, stream 0)``, its sampling uniform ``(offsets[b] + j, stream 1)``;
+      the 64-bit counter value fills counter words 0 (low 32 bits) and 1 (high 32 bits),
+      the stream word 2, and word 3 is 0; the seed's low and high 32 bits are the two key
+      words; output word 0 becomes ``u = (word0 >> 8) * 2**-24`` in ``[0, 1)``. Pass the
+      position of the first query token as ``offsets[b]`` (:func:`sampling_offsets`:
+      ``num_tokens[r] - 1`` before the step), so a request's randomness depends only on
+      its seed and positions, and no counter is used twice.
 
     The CPU path (vectorised torch) and the CUDA path (Triton) draw identical uniforms;
-    their tokens differ only when a uniform falls within float rounding of a CDF boundary.
-    Runs on the device with no host synchronisation; output shapes depend only on input
-    shapes and ``num_speculative_tokens``, so the call can be captured in a CUDA graph and
-    traced by ``torch.compile(fullgraph=True)``. No input is modified. Calls
+    their tokens differ only when a uniform falls within float rounding of a CDF boundary
+    (the GPU's ``exp2`` is approximate), so the invariance above holds per path. Runs on
+    the device with no host synchronisation; output shapes depend only on input shapes and
+    ``num_speculative_tokens``, so the call can be captured in a CUDA graph and traced by
+    ``torch.compile(fullgraph=True)``. No input is modified. Calls
     ``torch.ops.specdec.rejection_sample``.
 
     Parameters
@@ -264,11 +245,14 @@ def rejection_sample(
     min_p : torch.Tensor, optional
         float32 ``[B]`` in ``[0, 1]``; 0 is off.
     seeds : torch.Tensor, optional
-        int64 ``[B]``, the Philox key of each request (any value). ``None``: drawn on the
-        device with ``torch.randint`` from the default generator (no host sync).
+        int64 ``[B]``, the Philox key of each request (any value), given together with
+        ``offsets``. ``None`` (and no ``offsets``): fresh seeds drawn on the device with
+        ``torch.randint`` from the default generator (no host sync), counters from 0; the
+        tokens then change from call to call.
     offsets : torch.Tensor, optional
         int64 ``[B]``, the Philox counter base of each request: the position of its first
-        query token (see :func:`sampling_offsets`). Default zeros.
+        query token, ``num_tokens[r] - 1`` before the step (:func:`sampling_offsets`).
+        Required with ``seeds``.
     return_logprobs : bool
         Also return the log-probabilities of the emitted tokens.
     validate : bool, optional
@@ -278,10 +262,12 @@ def rejection_sample(
     Returns
     -------
     RejectionOutput
-        ``output_token_ids`` int32 ``[B, k+1]`` (accepted drafts, then the recovered or
-        bonus token, then -1), ``num_emitted`` int32 ``[B]`` (accepted + 1), ``logprobs``
-        float32 ``[B, k+1]`` (log-softmax of the raw target logits at each emitted token,
-        0 in the padding) or ``None``; on the device of ``target_logits``.
+        ``output_token_ids`` int32 ``[B, k+1]`` (accepted drafts, then the token of the
+        first row that is not accepted, then -1), ``num_emitted`` int32 ``[B]`` (accepted
+        + 1), ``logprobs`` float32 ``[B, k+1]`` (log-softmax of the raw fp32 target logits
+        at each emitted token, computed as ``(l - max l) - log(sum exp(l - max l))``, so to
+        float rounding for logits of any finite magnitude; 0 in the padding) or ``None``;
+        on the device of ``target_logits``.
 
     Raises
     ------
@@ -289,7 +275,8 @@ def rejection_sample(
         Wrong dtype, device or ndim of any tensor; ``cu_num_draft_tokens`` not ``[B+1]``
         with ``B >= 0``; ``target_logits.shape[0] < len(draft_token_ids) + B``; ``V < 1``;
         ``draft_probs`` not ``[>= len(draft_token_ids), V]``; a parameter not ``[B]``;
-        ``num_speculative_tokens < 0``. With value checks: ``cu[0] != 0``, ``cu`` not
+        ``num_speculative_tokens < 0``; ``seeds`` without ``offsets`` or ``offsets``
+        without ``seeds``. With value checks: ``cu[0] != 0``, ``cu`` not
         non-decreasing, ``k_b > k``, ``cu[B] > len(draft_token_ids)``, ``temperature``
         negative or not finite, ``top_k < 0``, ``top_p`` outside ``(0, 1]``, ``min_p``
         outside ``[0, 1]``.
@@ -337,24 +324,26 @@ def rejection_sample(
     seeds = _param("seeds", seeds, torch.int64, B, device)
     offsets = _param("offsets", offsets, torch.int64, B, device)
 
+    if (seeds is None) != (offsets is None):
+        given, missing = ("seeds", "offsets") if offsets is None else ("offsets", "seeds")
+        raise ValueError(
+            f"seeds and offsets go together: {given} was given without {missing} (pass both: "
+            "offsets[b] = the position of request b's first query token, sampling_offsets(); "
+            "or neither, for fresh seeds drawn on the device)"
+        )
+
     params = [temperature, top_k, top_p, min_p]
     if should_check_values([target_logits, draft_token_ids, cu, *params], validate):
         if int(cu[0]) != 0:
             raise ValueError(
                 f"cu_num_draft_tokens[0] must be 0 (exclusive prefix sum), got {int(cu[0])}"
             )
-        counts = cu[1:] - cu[:-1]
-        _range_error(
-            "cu_num_draft_tokens",
-            counts < 0,
-            counts,
-            "non-decreasing (draft counts cu[b+1] - cu[b] >= 0); a count",
-        )
-        _range_error(
-            "cu_num_draft_tokens",
-            counts > k,
-            counts,
-            f"<= num_speculative_tokens = {k} per request (cu[b+1] - cu[b]); a count",
+        check_value_range(
+            "cu_num_draft_tokens[b+1] - cu_num_draft_tokens[b]",
+            cu[1:] - cu[:-1],
+            0,
+            k,
+            f"the draft counts: cu non-decreasing, each <= num_speculative_tokens = {k}",
         )
         if int(cu[-1]) > n_flat:
             raise ValueError(
@@ -367,24 +356,17 @@ def rejection_sample(
                 f"rows (one per draft), got {draft_probs.shape[0]}"
             )
         if temperature is not None:
-            _range_error(
-                "temperature",
-                ~(torch.isfinite(temperature) & (temperature >= 0)),
-                temperature,
-                "finite and >= 0",
-            )
+            check_value_range("temperature", temperature, 0, FLOAT32_MAX, "finite; 0 = greedy")
         if top_k is not None:
-            _range_error("top_k", top_k < 0, top_k, ">= 0")
+            check_value_range("top_k", top_k, 0, INT64_MAX, "0 or >= V = off")
         if top_p is not None:
-            _range_error("top_p", ~((top_p > 0) & (top_p <= 1)), top_p, "in (0, 1]")
+            check_value_range("top_p", top_p, 0, 1, "1 = off", lo_open=True)
         if min_p is not None:
-            _range_error("min_p", ~((min_p >= 0) & (min_p <= 1)), min_p, "in [0, 1]")
+            check_value_range("min_p", min_p, 0, 1, "0 = off")
 
-    if temperature is not None:
-        if seeds is None:
-            seeds = torch.randint(0, SEED_HIGH, (B,), dtype=torch.int64, device=device)
-        if offsets is None:
-            offsets = torch.zeros((B,), dtype=torch.int64, device=device)
+    if temperature is not None and seeds is None:  # fresh randomness for this call
+        seeds = torch.randint(0, SEED_HIGH, (B,), dtype=torch.int64, device=device)
+        offsets = torch.zeros((B,), dtype=torch.int64, device=device)
 
     out, num_emitted, logprobs = torch.ops.specdec.rejection_sample(
         target_logits,
@@ -397,7 +379,7 @@ def rejection_sample(
         min_p,
         seeds,
         offsets,
-        k,
-        bool(return_logprobs),
+        num_speculative_tokens=k,
+        return_logprobs=bool(return_logprobs),
     )
     return RejectionOutput(out, num_emitted, logprobs if return_logprobs else None)

@@ -64,13 +64,21 @@ from specdec_kernels.kernels import rejection as K
 f32 = {"temp_ptr": "*fp32", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "seeds_ptr": "*i64",
        "offsets_ptr": "*i64", "row_lp_ptr": "*fp32"}
 for logits, flags in (("*fp32", (False,) * 6), ("*bf16", (True,) * 6),
-                      ("*fp16", (True, True, False, True, False, False))):
+                      ("*fp16", (True, True, False, True, False, False)),
+                      ("*fp32", (False, True, False, False, True, True))):
     probs, temp, top_k, top_p, min_p, logprobs = flags
+    # None: an absent tensor (the launcher passes None for every tensor it does not have)
+    absent = {name: None for name, on in (
+        ("probs_ptr", probs), ("temp_ptr", temp), ("seeds_ptr", temp), ("offsets_ptr", temp),
+        ("top_k_ptr", top_k), ("top_p_ptr", top_p), ("min_p_ptr", min_p),
+        ("row_lp_ptr", logprobs)) if not on}
     build(K._rejection_rows_kernel,
           dict(HAS_PROBS=probs, HAS_TEMP=temp, HAS_TOP_K=top_k, HAS_TOP_P=top_p,
-               HAS_MIN_P=min_p, LOGPROBS=logprobs, BLOCK=1024, SEARCH_BLOCK=128, NPIV=16),
+               HAS_MIN_P=min_p, LOGPROBS=logprobs, BLOCK=1024, SEARCH_BLOCK=128, NPIV=16,
+               **absent),
           dict(f32, logits_ptr=logits, probs_ptr=logits))
-    build(K._rejection_finalize_kernel, dict(LOGPROBS=logprobs, K1_BLOCK=8),
+    none = {} if logprobs else dict(row_lp_ptr=None, logprobs_ptr=None)
+    build(K._rejection_finalize_kernel, dict(LOGPROBS=logprobs, K1_BLOCK=8, **none),
           {"row_lp_ptr": "*fp32", "logprobs_ptr": "*fp32"})
 print("compiled")
 """

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import random
+import zlib
 from dataclasses import dataclass, replace
 
 import pytest
@@ -159,11 +161,15 @@ def make_batch(
     return b
 
 
-# ---------------------------------------------------------------- named cases (issue 3)
+# ---------------------------------------------------------------- named cases
 
 
-def test_case1_mixed_batch_greedy_and_sampled(kernel_device):
-    """req0 greedy -> [2, 3, -1]; every copy of req1 (T=1, p(0)=0.7) accepts iff u < p(0)."""
+def test_mixed_batch_greedy_exact_sampled_accepts_iff_its_own_sample_is_the_draft(
+    kernel_device,
+):
+    """req0 greedy -> [2, 3, -1]; every copy of req1 (T=1, p(0)=0.7, one-hot draft 0)
+    samples its row with the stream-1 uniform u and accepts iff that sample is 0: iff
+    u < p(0) (the inverse CDF's first bin)."""
     verify0 = [[0.1, 0.2, 3.0, 0.0], [0.0, 0.5, 0.1, 2.0]]
     bonus0 = [0.0, 4.0, 0.0, 0.0]
     p1 = torch.tensor([0.7, 0.1, 0.1, 0.1])
@@ -182,7 +188,7 @@ def test_case1_mixed_batch_greedy_and_sampled(kernel_device):
     out = run("public", b)
     assert out[0][0].tolist() == [2, 3, -1]
     p0 = float(torch.softmax(p1.log(), 0)[0])
-    u = philox_uniform(b.seeds[1:], b.offsets[1:], 0)
+    u = philox_uniform(b.seeds[1:], b.offsets[1:], 1)
     accepted = out[0][1:, 0] == 0
     assert torch.equal(accepted, u < p0)
     assert abs(float(accepted.float().mean()) - 0.7) < 0.08
@@ -201,7 +207,7 @@ def test_case1_mixed_batch_greedy_and_sampled(kernel_device):
 
 
 @pytest.mark.parametrize("with_probs", [False, True])
-def test_case2_one_hot_target_always_accepts_and_inputs_stay_intact(with_probs, kernel_device):
+def test_a_certain_draft_is_always_accepted_and_inputs_stay_intact(with_probs, kernel_device):
     n = 12
     verify = [-INF, 0.0, -INF, -INF]
     logits = torch.tensor([verify, [0.3, -1.0, 2.0, 0.5]] * n)
@@ -229,7 +235,7 @@ def test_case2_one_hot_target_always_accepts_and_inputs_stay_intact(with_probs, 
             assert torch.equal(t0, t1)
 
 
-def test_case3_recovered_token_comes_from_the_residual(kernel_device):
+def test_draft_probs_rejection_recovers_from_the_residual(kernel_device):
     """q = [.1,.6,.2,.1], p = [.4,.3,.2,.1], draft 1: a rejection always recovers token 0."""
     n = 2000
     p = torch.tensor([0.4, 0.3, 0.2, 0.1])
@@ -267,7 +273,7 @@ def test_case3_recovered_token_comes_from_the_residual(kernel_device):
 
 @pytest.mark.parametrize("draft", [-1, 4, 1000, -7])
 @pytest.mark.parametrize("sampled", [False, True])
-def test_case4_out_of_range_draft_is_rejected(draft, sampled, kernel_device):
+def test_out_of_range_draft_is_rejected(draft, sampled, kernel_device):
     b = Batch(
         logits=torch.tensor([[-INF, -INF, -INF, 0.0], [1.0, 0.0, 0.0, 0.0]]),
         drafts=torch.tensor([draft], dtype=torch.int32),
@@ -287,7 +293,7 @@ def test_case4_out_of_range_draft_is_rejected(draft, sampled, kernel_device):
         assert out[1].tolist() == [1], impl
 
 
-def test_case5_ragged_greedy_batch(kernel_device):
+def test_ragged_greedy_batch(kernel_device):
     # Rows: req0 bonus | req1 verify, verify, bonus | req2 bonus | req3 verify, bonus.
     logits = rows_with_argmax([10, 5, 6, 11, 12, 9, 13], V=16)
     b = Batch(
@@ -303,7 +309,7 @@ def test_case5_ragged_greedy_batch(kernel_device):
         assert out[1].tolist() == [1, 3, 1, 1], impl
 
 
-def test_case5_all_zero_draft_batch_emits_the_bonus(kernel_device):
+def test_batch_without_drafts_emits_the_bonus_token(kernel_device):
     b = Batch(
         logits=rows_with_argmax([3, 0, 2], V=5),
         drafts=torch.zeros(0, dtype=torch.int32),
@@ -317,7 +323,7 @@ def test_case5_all_zero_draft_batch_emits_the_bonus(kernel_device):
 
 
 @pytest.mark.parametrize("impl", ["public", "triton", "reference"])
-def test_case5_empty_batch(impl, kernel_device):
+def test_empty_batch(impl, kernel_device):
     b = Batch(
         logits=torch.zeros(0, 7),
         drafts=torch.zeros(0, dtype=torch.int32),
@@ -599,10 +605,29 @@ def test_min_p_keeps_tokens_at_the_threshold():
 
 def test_inverse_cdf_never_picks_a_zero_mass_token():
     mass = torch.tensor([[0.0, 0.0, 0.5, 0.0, 0.5]] * 3 + [[0.0] * 5])
-    total = torch.tensor([1.0, 1.0, 2.0, 0.0])  # row 2: total above the running mass
     u = torch.tensor([0.0, 0.5, 1.0 - 2**-24, 0.3])
-    got = cpu_rej.inverse_cdf(mass, total, u).tolist()
-    assert got == [2, 4, 4, -1]  # u = 0: first positive id; rounding: last positive id
+    tok, total = cpu_rej.inverse_cdf(mass, u)
+    assert tok.tolist() == [2, 4, 4, -1]  # u = 0: the first positive id; no mass: -1
+    assert total.tolist() == [1.0, 1.0, 1.0, 0.0]
+    # A block total above the running mass inside it (rounding): its last positive id.
+    tok, _ = cpu_rej.inverse_cdf(mass, u, torch.tensor([[1.0], [1.0], [2.0], [0.0]]))
+    assert tok.tolist() == [2, 4, 4, -1]
+
+
+def test_blocked_inverse_cdf_matches_one_flat_cumsum():
+    """Block sums, then a cumsum inside one block: the flat definition, on exact (small
+    integer) masses with whole blocks of zeros, a partial last block and u on the edges."""
+    V = 3 * cpu_rej.CDF_BLOCK + 77
+    g = torch.Generator().manual_seed(3)
+    mass = torch.randint(0, 4, (6, V), generator=g).float()
+    mass[:, : 2 * cpu_rej.CDF_BLOCK] *= torch.rand(6, 1, generator=g) < 0.5  # empty blocks
+    mass[0, :-1] = 0.0  # all the mass on the very last id
+    for u in (0.0, 0.5, 1 - 2**-24, 0.123):
+        u_t = torch.full((6,), u)
+        tok, total = cpu_rej.inverse_cdf(mass, u_t)
+        run = mass.cumsum(-1)
+        want = torch.searchsorted(run, (u_t * run[:, -1])[:, None], right=True)[:, 0]
+        assert torch.equal(total, run[:, -1]) and torch.equal(tok, want), u
 
 
 def test_top_k_accepts_int64():
@@ -702,27 +727,48 @@ def test_sampling_offsets_is_the_first_query_position():
 # ---------------------------------------------------------------- registration
 
 
-def _op_args(b: Batch, logprobs: bool):
-    return (*b.tensors(), b.k, logprobs)
+def _op_kwargs(b: Batch, logprobs: bool):
+    return {"num_speculative_tokens": b.k, "return_logprobs": logprobs}
 
 
 @pytest.mark.parametrize("mode,logprobs", [("greedy", False), ("filters", True), ("probs", True)])
 def test_opcheck(mode, logprobs):
     b = make_batch(47, mode, B=3, k=2, V=9)
-    torch.library.opcheck(torch.ops.specdec.rejection_sample.default, _op_args(b, logprobs))
+    torch.library.opcheck(
+        torch.ops.specdec.rejection_sample.default, b.tensors(), _op_kwargs(b, logprobs)
+    )
 
 
 def test_torch_op_returns_an_empty_logprobs_tensor_and_wrapper_none():
     b = make_batch(53, "sampled", B=2, k=1, V=5)
-    out = torch.ops.specdec.rejection_sample(*_op_args(b, False))
+    out = torch.ops.specdec.rejection_sample(*b.tensors(), **_op_kwargs(b, False))
     assert out[2].shape == (0,) and out[2].dtype == torch.float32
     assert run("public", b, logprobs=False)[2] is None
 
 
-def test_torch_op_requires_seeds_and_offsets_for_sampled_rows():
-    b = make_batch(59, "sampled", B=2, k=1, V=5)
+@pytest.mark.parametrize("missing", ["seeds", "offsets"])
+def test_torch_op_requires_seeds_and_offsets_for_sampled_rows(missing, kernel_device):
+    b = replace(make_batch(59, "sampled", B=2, k=1, V=5), **{missing: None})
     with pytest.raises(ValueError, match="needs seeds and offsets"):
-        torch.ops.specdec.rejection_sample(*_op_args(replace(b, seeds=None), False))
+        torch.ops.specdec.rejection_sample(*b.tensors(), **_op_kwargs(b, False))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:  # the fake (what torch.compile traces) checks it too
+        fake = [None if t is None else mode.from_tensor(t) for t in b.tensors()]
+        with pytest.raises(ValueError, match="needs seeds and offsets"):
+            torch.ops.specdec.rejection_sample(*fake, **_op_kwargs(b, False))
+    dev = [None if t is None else t.to(kernel_device) for t in b.tensors()]
+    with pytest.raises(ValueError, match="needs seeds and offsets"):
+        triton_rej.rejection_sample(*dev, **_op_kwargs(b, False))
+
+
+@pytest.mark.parametrize("given", ["seeds", "offsets"])
+def test_seeds_and_offsets_go_together(given):
+    b = make_batch(60, "sampled", B=2, k=1, V=5)
+    other = "offsets" if given == "seeds" else "seeds"
+    for temperature in (b.temperature, None):  # with or without sampled rows
+        with pytest.raises(ValueError, match=f"seeds and offsets go together: {given} .*{other}"):
+            run("public", replace(b, temperature=temperature, **{other: None}))
 
 
 def test_torch_compile_fullgraph():
@@ -813,7 +859,7 @@ BAD = [
     ("cu_num_draft_tokens", torch.zeros(0, dtype=torch.int32), "shape \\(B \\+ 1,\\)"),
     ("cu_num_draft_tokens", torch.zeros(4, dtype=torch.int64), "cu_num_draft_tokens must have"),
     ("cu_num_draft_tokens", _cu(1, 1, 2, 3), "cu_num_draft_tokens\\[0\\] must be 0"),
-    ("cu_num_draft_tokens", _cu(0, 2, 1, 1), "non-decreasing"),
+    ("cu_num_draft_tokens", _cu(0, 2, 1, 1), "cu non-decreasing"),
     ("cu_num_draft_tokens", _cu(0, 3, 3, 3), "<= num_speculative_tokens = 2"),
     ("num_speculative_tokens", -1, "num_speculative_tokens must be >= 0"),
     ("num_speculative_tokens", 1.0, "num_speculative_tokens must be a Python int"),
@@ -822,14 +868,27 @@ BAD = [
     ("draft_probs", torch.zeros(20, 8, dtype=torch.int32), "draft_probs must have dtype"),
     ("temperature", torch.ones(2), "temperature must have shape \\(3,\\)"),
     ("temperature", torch.ones(3, dtype=torch.float64), "temperature must have dtype"),
-    ("temperature", torch.tensor([1.0, -0.5, 1.0]), "temperature must be finite and >= 0"),
-    ("temperature", torch.tensor([1.0, float("nan"), 1.0]), "temperature must be finite"),
-    ("top_k", torch.tensor([1, -1, 0], dtype=torch.int32), "top_k must be >= 0"),
+    (
+        "temperature",
+        torch.tensor([1.0, -0.5, 1.0]),
+        r"temperature must lie in \[0, 3.4\S+\] \(finite",
+    ),
+    (
+        "temperature",
+        torch.tensor([1.0, INF, 1.0]),
+        r"temperature must lie in \[0, 3.4\S+\] \(finite",
+    ),
+    (
+        "temperature",
+        torch.tensor([1.0, float("nan"), 1.0]),
+        r"temperature must lie in .* got a NaN",
+    ),
+    ("top_k", torch.tensor([1, -1, 0], dtype=torch.int32), r"top_k must lie in \[0, "),
     ("top_k", torch.ones(3), "top_k must have dtype"),
-    ("top_p", torch.tensor([0.5, 0.0, 1.0]), "top_p must be in \\(0, 1\\]"),
-    ("top_p", torch.tensor([0.5, 1.5, 1.0]), "top_p must be in \\(0, 1\\]"),
-    ("min_p", torch.tensor([0.5, -0.1, 1.0]), "min_p must be in \\[0, 1\\]"),
-    ("min_p", torch.tensor([0.5, 1.1, 1.0]), "min_p must be in \\[0, 1\\]"),
+    ("top_p", torch.tensor([0.5, 0.0, 1.0]), r"top_p must lie in \(0, 1\]"),
+    ("top_p", torch.tensor([0.5, 1.5, 1.0]), r"top_p must lie in \(0, 1\]"),
+    ("min_p", torch.tensor([0.5, -0.1, 1.0]), r"min_p must lie in \[0, 1\]"),
+    ("min_p", torch.tensor([0.5, 1.1, 1.0]), r"min_p must lie in \[0, 1\]"),
     ("seeds", torch.ones(3, dtype=torch.int32), "seeds must have dtype int64"),
     ("offsets", torch.ones(4, dtype=torch.int64), "offsets must have shape \\(3,\\)"),
 ]
@@ -961,7 +1020,7 @@ def test_gpu_cuda_graph_capture_and_replay():
         assert torch.equal(a, c)
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # (l - m) / T -> -inf
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy: 2 log2(e) / T = inf, 0 * inf
 @pytest.mark.parametrize("impl", ["reference", "cpu", "triton"])
 def test_tiny_temperature_does_not_overflow_to_a_uniform_choice(impl, kernel_device):
     # logits / T would overflow to +inf on both tokens (a 50/50 choice); the distribution
@@ -1058,3 +1117,176 @@ def test_logit_differences_near_the_float32_limit_do_not_overflow(impl, kernel_d
     )
     tokens, _, _ = run(impl, batch, kernel_device, logprobs=False)
     assert (tokens[:, 0] == 1).sum() > 20  # p(1) = 0.148; the overflow made it 0
+
+
+# ---------------------------------------------------------------- coupled verification
+
+
+def prefix_logits(prefix: list[int], V: int) -> torch.Tensor:
+    """A toy model: fp32 logits that are a deterministic function of the whole prefix,
+    peaked on a few ids so that a plain sampler's tokens are often predictable."""
+    g = torch.Generator().manual_seed(zlib.crc32(bytes(str(prefix), "ascii")))
+    logits = torch.randn(V, generator=g) * 1.5
+    logits[torch.randint(0, V, (3,), generator=g)] += torch.tensor([4.0, 3.0, 2.5])
+    return logits
+
+
+# Per-request sampling parameters: greedy, plain temperature, each filter, all of them,
+# and filters that are present but off (top_p = 1.0, top_k = 0 or >= V, min_p = 0).
+REQUESTS = [
+    dict(T=0.0),
+    dict(T=0.8),
+    dict(T=1.3, top_k=5),
+    dict(T=1.0, top_p=0.8),
+    dict(T=0.9, min_p=0.05),
+    dict(T=1.1, top_k=6, top_p=0.9, min_p=0.02),
+    dict(T=0.7, top_p=1.0, top_k=0, min_p=0.0),
+    dict(T=1.2, top_k=1000),
+]
+
+
+def _sampling_batch(logits, drafts, counts, k, req_ids, seeds, offsets):
+    """A Batch for the requests ``req_ids`` (in batch-row order); a filter tensor is passed
+    only if some request of this batch sets that filter (so requests whose filters are
+    off see it passed in some batches and absent in others)."""
+    params = [REQUESTS[r] for r in req_ids]
+    b = Batch(
+        logits=logits,
+        drafts=torch.tensor(drafts, dtype=torch.int32),
+        cu=cu_of(counts),
+        k=k,
+        temperature=torch.tensor([p["T"] for p in params]),
+        seeds=torch.tensor([seeds[r] for r in req_ids], dtype=torch.int64),
+        offsets=torch.tensor(offsets, dtype=torch.int64),
+    )
+    for name, off, dtype in (("top_k", 0, torch.int32), ("top_p", 1.0, None), ("min_p", 0.0, None)):
+        if any(name in p for p in params):
+            setattr(b, name, torch.tensor([p.get(name, off) for p in params], dtype=dtype))
+    return b
+
+
+def plain_sampling_loop(impl, prompts, seeds, n, V, device):
+    """k = 0: one call per step for every request, in order; returns n tokens each."""
+    seqs = [list(p) for p in prompts]
+    R = len(prompts)
+    for _ in range(n):
+        logits = torch.stack([prefix_logits(s, V) for s in seqs])
+        b = _sampling_batch(logits, [], [0] * R, 0, range(R), seeds, [len(s) - 1 for s in seqs])
+        tokens = run(impl, b, device, logprobs=False)[0][:, 0].tolist()
+        for s, t in zip(seqs, tokens, strict=True):
+            s.append(t)
+    return [s[len(p) :] for s, p in zip(seqs, prompts, strict=True)]
+
+
+def speculative_loop(impl, prompts, seeds, want, V, device, *, k, perturb, rng):
+    """n-gram-style speculation with drafts taken from ``want`` (the plain sampler's own
+    tokens), some perturbed; every step verifies a random subset of the requests in a random
+    batch order with ragged draft counts. Returns the tokens and (accepted, rejected)."""
+    seqs = [list(p) for p in prompts]
+    out = [[] for _ in prompts]
+    n = len(want[0])
+    accepted = rejected = 0
+    while any(len(o) < n for o in out):
+        live = [r for r in range(len(prompts)) if len(out[r]) < n]
+        rng.shuffle(live)
+        batch = live[: rng.randint(1, len(live))]
+        rows, drafts, counts = [], [], []
+        for r in batch:
+            have = len(out[r])
+            d = list(want[r][have : have + rng.randint(0, k)])
+            if d and rng.random() < perturb:
+                i = rng.randrange(len(d))
+                d[i] = (d[i] + 1 + rng.randrange(V - 1)) % V if rng.random() < 0.8 else -1
+            rows += [prefix_logits(seqs[r] + d[:j], V) for j in range(len(d) + 1)]
+            drafts += d
+            counts.append(len(d))
+        offsets = [len(seqs[r]) - 1 for r in batch]
+        b = _sampling_batch(torch.stack(rows), drafts, counts, k, batch, seeds, offsets)
+        tokens, num, _ = run(impl, b, device, logprobs=False)
+        for i, r in enumerate(batch):
+            emitted = tokens[i, : int(num[i])].tolist()
+            accepted += len(emitted) - 1
+            rejected += len(emitted) - 1 < counts[i]
+            take = emitted[: n - len(out[r])]
+            out[r] += take
+            seqs[r] += take
+    return out, (accepted, rejected)
+
+
+@pytest.mark.parametrize(
+    "impl,V,n",
+    [("public", 3001, 24), ("public", 37, 24), ("reference", 37, 10), ("triton", 29, 8)],
+)
+def test_speculation_emits_exactly_the_plain_samplers_tokens(impl, V, n, kernel_device):
+    """Coupled verification: whatever the drafts (the plain sampler's own tokens, so they
+    are accepted, or perturbed, so they are rejected early), the batch, the batch order and
+    the filters of the other requests, every request gets the tokens of a plain k = 0
+    sampling loop, token for token."""
+    rng = random.Random(V * 1000 + n)
+    prompts = [[rng.randrange(V) for _ in range(rng.randint(1, 6))] for _ in REQUESTS]
+    seeds = [rng.randrange(-(2**62), 2**62) for _ in REQUESTS]
+    want = plain_sampling_loop(impl, prompts, seeds, n, V, kernel_device)
+    counts = [0, 0]
+    for perturb in (0.0, 0.5):
+        got, (acc, rej) = speculative_loop(
+            impl, prompts, seeds, want, V, kernel_device, k=3, perturb=perturb, rng=rng
+        )
+        assert got == want, f"perturb={perturb}"
+        counts[0] += acc
+        counts[1] += rej
+    assert counts[0] > 2 * len(REQUESTS) and counts[1] > 0  # both paths were exercised
+
+
+@pytest.mark.parametrize("impl", ["public", "reference", "triton"])
+def test_a_rows_tokens_do_not_depend_on_other_rows_filters(impl, kernel_device):
+    """A row with no filter gives the same tokens whether the filter tensors are absent or
+    passed with the row's "off" value (top_p = 1.0, top_k = 0, min_p = 0) while the other
+    rows turn them on."""
+    b = make_batch(83, "sampled", B=4, k=3, V=23)
+    alone = run(impl, b, kernel_device)
+    others = replace(  # rows 1-3: only the top token is left (top-k 1, top-p ~0, min-p 1)
+        b,
+        top_k=torch.tensor([0, 1, 0, 0], dtype=torch.int32),
+        top_p=torch.tensor([1.0, 1.0, 1e-6, 1.0]),
+        min_p=torch.tensor([0.0, 0.0, 0.0, 1.0]),
+    )
+    mixed = run(impl, others, kernel_device)
+    assert torch.equal(mixed[0][0], alone[0][0]) and int(mixed[1][0]) == int(alone[1][0])
+    first_rows = b.cu[1:4].long() + torch.arange(1, 4)  # row 0 of requests 1-3
+    assert torch.equal(mixed[0][1:, 0].long(), b.logits[first_rows].argmax(-1))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy (the interpreter) on inf - inf
+@pytest.mark.parametrize("impl", ["public", "reference", "triton"])
+def test_logprobs_match_log_softmax_for_logits_of_any_magnitude(impl, kernel_device):
+    """(l - m) - log S, not l - (m + log S): with |m| ~ 1e30 the latter rounds log S away."""
+    V = 40
+    g = torch.Generator().manual_seed(5)
+    scales = [1.0, 1e4, 1e15, 1e30, 1e37, 1.5e38]
+    rows = [torch.randn(V, generator=g) * s for s in scales]
+    tie = torch.full((V,), -1e30)
+    tie[[3, 17]] = 1e30  # two tied maxima at a huge magnitude: log p = -log 2
+    near = torch.full((V,), 3e38)
+    near[::2] = -3e38  # l - m overflows to -inf: log p = -inf there
+    rows += [tie, near, torch.linspace(-1.0, 1.0, V) * 3e38]
+    logits = torch.stack(rows).clamp(-3.4e38, 3.4e38)
+    R = logits.shape[0]
+    # Sampled at T = the row's own scale (diverse tokens), and greedy (the maxima).
+    T = torch.tensor([max(float(r.abs().max()), 1.0) for r in logits])
+    for temperature in (T, torch.zeros(R)):
+        b = Batch(
+            logits=logits,
+            drafts=torch.zeros(0, dtype=torch.int32),
+            cu=torch.zeros(R + 1, dtype=torch.int32),
+            k=0,
+            temperature=temperature,
+            seeds=torch.arange(R, dtype=torch.int64) * 7,
+            offsets=torch.arange(R, dtype=torch.int64),
+        )
+        tokens, _, lp = run(impl, b, kernel_device)
+        want = torch.log_softmax(logits, dim=-1).gather(1, tokens.long())[:, 0]
+        got = lp[:, 0]
+        finite = torch.isfinite(want)
+        assert torch.equal(got[~finite], want[~finite])  # -inf where log_softmax is -inf
+        torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6)
+    assert float(lp[R - 3, 0]) == pytest.approx(-math.log(2), abs=1e-6)  # the tie row

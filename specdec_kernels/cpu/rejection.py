@@ -1,13 +1,22 @@
 """Vectorised torch rejection sampler: the CPU path of ``rejection_sample``.
 
 Works on the live rows only (``cu[B] + B`` target rows, one per query token of every
-request), all at once: greedy argmax, the fp32 weights of sampled rows, the filters
-(one sort per row when top-k or top-p is on), the acceptance test and the inverse-CDF
-samples; then the first non-accepted row of each request decides what is emitted. The
-arithmetic is the Triton kernel's, step for step (``specdec_kernels/kernels/rejection.py``
-explains the weights ``e`` and the kept set ``{e >= t}``); only sums are taken in a
-different order, so tokens differ from the kernel's only when a uniform lands within
-float rounding of a boundary.
+request). Greedy rows take the argmax. Sampled rows go through a scratch buffer a few rows
+at a time (``CHUNK_ELEMENTS`` floats, 4 MiB: it stays in the cache, and no ``[rows, V]``
+temporary is allocated, whose page faults alone would cost more than the arithmetic):
+copy the rows in, then, in place, the weights ``e = exp((l - max l) / T)`` (computed as
+``exp2``), the filters (a sort only for rows with top-k or top-p), and one inverse-CDF
+sample per row from block sums (``CDF_BLOCK`` ids a block: the running sum of the block
+sums picks the block, a cumsum inside it the id). A sampled row thus costs one read of
+its logits from memory and a few passes over a cached buffer; a greedy row one ``max``.
+
+One-hot drafts are verified by coupling: row ``j``'s token is the plain sampler's sample
+there, and the draft is kept iff it equals it. With draft probabilities, rows that are not
+accepted sample the residual ``max(p - q, 0)``. The first row of each request that is not
+accepted decides what is emitted. The arithmetic is the Triton kernel's
+(``specdec_kernels/kernels/rejection.py`` explains the weights and the kept set
+``{e >= t}``); only sums are taken in another order, so tokens differ from the kernel's only
+when a uniform lands within float rounding of a CDF boundary.
 """
 
 from __future__ import annotations
@@ -17,10 +26,112 @@ import torch
 from specdec_kernels.cpu.philox import philox_uniform
 
 _NEG_INF = float("-inf")
+CHUNK_ELEMENTS = 1 << 20
+"""Scratch size (fp32 entries) of the sampled rows' working buffer: rows per chunk =
+``max(1, CHUNK_ELEMENTS // V)``."""
+CDF_BLOCK = 1024
+"""Ids per block of the two-level inverse CDF (the Triton kernel streams blocks of 1024)."""
+LOG2E = 1.4426950408889634
+EXP2_MIN = -126.0
+"""Weights ``exp2(z)`` with ``z <= EXP2_MIN`` (they would be subnormal) count as 0."""
+# Rows whose temperature lies outside [_T_FAST_MIN, _T_FAST_MAX], or whose maximum logit is
+# not finite, get the weights by the kernel's literal formula (``_exact_weights``); for
+# the others ``(l - m) * scale`` is the same value bit for bit (see ``_weights_``).
+_T_FAST_MIN = 2.0**-90
+_T_FAST_MAX = 1e36
 
 
-def _nan_to_neg_inf(x: torch.Tensor) -> torch.Tensor:
-    return x.masked_fill(torch.isnan(x), _NEG_INF)
+def require_seeds_and_offsets(temperature, seeds, offsets) -> None:
+    """The op's one structural check (shared by the CPU path, the Triton launcher and the
+    fake): sampled rows need ``seeds`` and ``offsets``."""
+    if temperature is not None and (seeds is None or offsets is None):
+        raise ValueError(
+            "specdec::rejection_sample needs seeds and offsets when temperature is given "
+            "(the Python wrapper rejection_sample fills them)"
+        )
+
+
+def _nan_to_neg_inf_(x: torch.Tensor) -> torch.Tensor:
+    return x.masked_fill_(torch.isnan(x), _NEG_INF)
+
+
+def _scale(T: torch.Tensor) -> torch.Tensor:
+    """``log2(e) / T`` in fp32, per row: the weights are ``exp2((l - m) * scale)``."""
+    return torch.full_like(T, LOG2E) / T
+
+
+def _exact_weights(l: torch.Tensor, m: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+    """The kernel's formula: ``e = 1 where l == m``, else ``exp2(z)`` if ``z > EXP2_MIN``
+    else 0, with ``z = (l/2 - m/2) * (2 * scale)``.
+
+    Halving first keeps ``l - m`` from overflowing when ``l`` and ``m`` are finite of
+    opposite signs near float32's limit; ``l == m`` handles ``+inf`` maxima and rows that
+    are all ``-inf`` (uniform).
+    """
+    z = (l * 0.5 - m[:, None] * 0.5) * (_scale(T) * 2.0)[:, None]
+    e = torch.where(z > EXP2_MIN, torch.exp2(z), 0.0)
+    return torch.where(l == m[:, None], 1.0, e)
+
+
+def _weights_(z: torch.Tensor, m: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+    """In place: fp32 logits ``z`` ``[C, V]`` (NaN already ``-inf``, row max ``m``) become the
+    weights ``e`` at temperatures ``T`` ``[C]`` (``> 0``), ``0 <= e <= 1``, ``e = 1`` at the max.
+
+    For a finite ``m`` and ``2**-90 <= T <= 1e36``, ``(l - m) * scale`` equals the kernel's
+    ``(l/2 - m/2) * (2 * scale)`` bit for bit (halving and doubling are exact; where
+    ``l - m`` overflows to ``-inf`` the halved form is below ``-126`` too, so the weight is
+    0 either way) and ``l == m`` gives ``z = 0``, ``e = 1``. Four in-place passes:
+    subtract, scale, flush (``threshold_``), ``exp2`` (several times faster than ``exp``
+    on the CPU, and never slowed down by subnormal results). The other rows (huge or tiny
+    ``T``, ``+-inf`` maxima) take the literal formula.
+    """
+    odd = ~torch.isfinite(m) | (T < _T_FAST_MIN) | (T > _T_FAST_MAX)
+    exact = None
+    if bool(odd.any()):
+        rows = odd.nonzero(as_tuple=True)[0]
+        exact = (rows, _exact_weights(z[rows], m[rows], T[rows]))
+    z.sub_(m[:, None]).mul_(_scale(T)[:, None])
+    torch.nn.functional.threshold_(z, EXP2_MIN, _NEG_INF)  # z <= -126 -> -inf -> weight 0
+    z.exp2_()
+    if exact is not None:
+        z[exact[0]] = exact[1]
+    return z
+
+
+def _thresholds(e: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor | None:
+    """Per-row threshold ``t`` ``[C]`` of the kept set ``{e >= t}`` (top-k, then top-p, then
+    min-p; ``None`` when no filter is on in these rows).
+
+    Top-k keeps ``x`` iff fewer than ``k`` weights are larger, so ``t`` is the ``k``-th
+    largest weight; top-p keeps ``x`` iff the kept mass strictly above it is
+    ``< top_p * S_k``: the first of a tie group sees exactly the larger weights, so the kept
+    sorted positions are a prefix and ``t`` is the weight at its end; min-p keeps
+    ``e >= min_p`` (the max weight is 1). One sort, only when top-k or top-p is on.
+    """
+    C, V = e.shape
+    k_on = None if top_k is None else (top_k > 0) & (top_k < V)
+    p_on = None if top_p is None else top_p < 1.0
+    k_any = k_on is not None and bool(k_on.any())
+    p_any = p_on is not None and bool(p_on.any())
+    m_any = min_p is not None and bool((min_p > 0).any())
+    if not (k_any or p_any or m_any):
+        return None
+    t = torch.zeros(C, dtype=torch.float32)
+    if k_any or p_any:
+        srt = torch.sort(e, dim=-1, descending=True).values
+        if k_any:
+            kth = srt.gather(1, (top_k.long().clamp(1, V) - 1)[:, None])[:, 0]
+            t = torch.where(k_on, kth, t)
+        if p_any:
+            S_k = torch.where(e >= t[:, None], e, 0.0).sum(-1)
+            srt_k = torch.where(srt >= t[:, None], srt, 0.0)
+            above = torch.cat([torch.zeros(C, 1), torch.cumsum(srt_k, dim=-1)[:, :-1]], dim=1)
+            n_keep = (above < (top_p * S_k)[:, None]).sum(-1)
+            tp = srt_k.gather(1, (n_keep - 1).clamp(min=0)[:, None])[:, 0]
+            t = torch.where(p_on, torch.maximum(t, tp), t)
+    if m_any:
+        t = torch.maximum(t, min_p.float())
+    return t
 
 
 def target_weights(
@@ -32,54 +143,165 @@ def target_weights(
 ) -> torch.Tensor:
     """Kept fp32 weights ``w`` ``[R, V]`` of sampled rows (``p = w / w.sum(-1)``).
 
-    ``logits`` fp32 ``[R, V]`` with NaN already read as -inf; the per-row parameters are
-    ``[R]`` (``temperature > 0``). ``e = 1 where l == max l else exp((l - max l) / T)``
-    (subtracting first: a tiny ``T`` must not overflow ``l / T``); the kept set is
-    ``{e >= t}``, ``t`` the largest of the top-k, top-p and min-p thresholds.
+    ``logits`` fp32 ``[R, V]``; the per-row parameters are ``[R]`` (``temperature > 0``).
+    A new tensor (the op itself works on a scratch buffer with :func:`_weights_`).
     """
-    R, V = logits.shape
-    m = logits.max(dim=-1, keepdim=True).values
-    # (l/2 - m/2) / T * 2 equals (l - m) / T bit for bit, but cannot overflow when l and m
-    # are finite of opposite signs near float32's limit.
-    half = logits * 0.5 - m * 0.5
-    e = torch.where(logits == m, 1.0, torch.exp(half / temperature[:, None] * 2.0))
-    t = torch.zeros(R, dtype=torch.float32)
-    k_on = None if top_k is None else (top_k > 0) & (top_k < V)
-    p_on = None if top_p is None else top_p < 1.0
-    if (k_on is not None and bool(k_on.any())) or (p_on is not None and bool(p_on.any())):
-        srt = torch.sort(e, dim=-1, descending=True).values
-        if k_on is not None:
-            kth = srt.gather(1, (top_k.long().clamp(1, V) - 1)[:, None])[:, 0]
-            t = torch.where(k_on, kth, t)
-        if p_on is not None:
-            kept_k = torch.where(e >= t[:, None], e, 0.0)
-            S_k = kept_k.sum(-1)
-            srt_k = torch.where(srt >= t[:, None], srt, 0.0)
-            # Mass strictly above each sorted position: the first of a tie group sees
-            # exactly the tokens with larger weight, and the kept positions are a prefix.
-            above = torch.cat([torch.zeros(R, 1), torch.cumsum(srt_k, dim=-1)[:, :-1]], dim=1)
-            n_keep = (above < (top_p * S_k)[:, None]).sum(-1)
-            tp = srt_k.gather(1, (n_keep - 1).clamp(min=0)[:, None])[:, 0]
-            t = torch.where(p_on, torch.maximum(t, tp), t)
-    if min_p is not None:
-        t = torch.maximum(t, min_p.float())
-    return torch.where(e >= t[:, None], e, 0.0)
+    z = _nan_to_neg_inf_(logits.float().clone())
+    e = _weights_(z, z.amax(-1), temperature.float())
+    t = _thresholds(e, top_k, top_p, min_p)
+    return e if t is None else e.masked_fill_(e < t[:, None], 0.0)
 
 
-def inverse_cdf(mass: torch.Tensor, total: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """First id whose running mass exceeds ``u * total`` (and whose own mass is > 0).
+def _block_sums(mass: torch.Tensor) -> torch.Tensor:
+    """Running sum ``[C, nb]`` of the sums of ``CDF_BLOCK``-id blocks of ``mass`` ``[C, V]``."""
+    C, V = mass.shape
+    blk = min(CDF_BLOCK, V)
+    full = V // blk
+    sums = mass[:, : full * blk].unflatten(1, (full, blk)).sum(-1)
+    if full * blk < V:
+        sums = torch.cat([sums, mass[:, full * blk :].sum(-1, keepdim=True)], dim=1)
+    return sums.cumsum_(-1)
 
-    If rounding leaves no such id, the last id with positive mass; if there is none, -1.
+
+def inverse_cdf(
+    mass: torch.Tensor, u: torch.Tensor, run_blocks: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token, total)``: per row of ``mass`` ``[C, V]`` (``>= 0``), the first id whose running
+    mass exceeds ``u * total`` (and whose own mass is ``> 0``), ``total`` the row's mass.
+
+    Two levels: the running block sums (``run_blocks``, from :func:`_block_sums` if not
+    given; ``total`` is its last column) pick the block where the running mass first
+    exceeds ``u * total``, a cumsum inside that block the id. If rounding leaves no such id
+    in the block, its last id with positive mass; a row with no mass gives -1.
     """
-    V = mass.shape[-1]
+    C, V = mass.shape
+    if run_blocks is None:
+        run_blocks = _block_sums(mass)
+    blk = min(CDF_BLOCK, V)
+    nb = run_blocks.shape[1]
+    total = run_blocks[:, -1]
     thr = u * total
-    run = torch.cumsum(mass, dim=-1)
-    positive = mass > 0
+    which = torch.searchsorted(run_blocks, thr[:, None], right=True)[:, 0].clamp_(max=nb - 1)
+    carry = run_blocks.gather(1, (which - 1).clamp(min=0)[:, None])[:, 0]
+    carry = torch.where(which > 0, carry, 0.0)
+    cols = which[:, None] * blk + torch.arange(blk)[None, :]
+    seg = mass.gather(1, cols.clamp(max=V - 1))
+    seg = torch.where(cols < V, seg, 0.0)
+    run = carry[:, None] + seg.cumsum(-1)
+    positive = seg > 0
     hit = (run > thr[:, None]) & positive
     first = hit.to(torch.int8).argmax(dim=-1)
-    last = V - 1 - positive.flip(-1).to(torch.int8).argmax(dim=-1)
-    last = torch.where(positive.any(-1), last, -1)
-    return torch.where(hit.any(-1), first, last)
+    last = blk - 1 - positive.flip(-1).to(torch.int8).argmax(dim=-1)
+    off = torch.where(hit.any(-1), first, torch.where(positive.any(-1), last, -1))
+    tok = torch.where(off >= 0, which * blk + off, -1)
+    return tok, total
+
+
+def _first_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Row argmax, ties to the lowest id, NaN read as ``-inf`` (copies only if there is one)."""
+    m, arg = logits.max(dim=-1)  # the first maximum: ties -> lowest id
+    if bool(torch.isnan(m).any()):
+        m, arg = _nan_to_neg_inf_(logits.float().clone()).max(dim=-1)
+    return arg
+
+
+class _Rows:
+    """The live rows of ``logits`` picked by ``idx`` (``None``: all), chunk by chunk, copied as
+    fp32 into one reused scratch buffer."""
+
+    def __init__(self, logits: torch.Tensor, idx: torch.Tensor | None):
+        self.logits = logits
+        self.idx = idx
+        self.n = logits.shape[0] if idx is None else idx.shape[0]
+        V = logits.shape[1]
+        self.step = max(1, CHUNK_ELEMENTS // max(V, 1))
+        self.buf = torch.empty((min(self.step, self.n), V), dtype=torch.float32)
+
+    def __iter__(self):
+        for s in range(0, self.n, self.step):
+            e = min(s + self.step, self.n)
+            z = self.buf[: e - s]
+            if self.idx is None:
+                z.copy_(self.logits[s:e])
+            else:
+                z.copy_(self.logits.index_select(0, self.idx[s:e]))
+            m = z.amax(-1)
+            if bool(torch.isnan(m).any()):  # NaN counts as -inf
+                m = _nan_to_neg_inf_(z).amax(-1)
+            yield s, e, z, m
+
+
+def _sample_rows(
+    logits, idx, T, top_k, top_p, min_p, u_sample, x, valid, q_rows=None, u_accept=None
+):
+    """Tokens (and acceptance) of the sampled live rows ``idx`` (``None``: all rows).
+
+    One-hot (``q_rows is None``): ``tok`` = the inverse-CDF sample of the filtered ``p``
+    with ``u_sample``; accepted iff ``x == tok``. With ``q_rows`` (a callable giving the
+    draft rows ``q`` of a chunk's positions, or None for rows without a draft): classic
+    speculative sampling, ``u_accept < p(x) / q(x)``, else a sample of the residual.
+    """
+    n = logits.shape[0] if idx is None else idx.shape[0]
+    tok = torch.empty(n, dtype=torch.long)
+    acc = torch.zeros(n, dtype=torch.bool)
+    for s, e, z, m in _Rows(logits, idx):
+        sl = slice(s, e)
+        w = _weights_(z, m, T[sl])
+        t = _thresholds(w, *(None if p is None else p[sl] for p in (top_k, top_p, min_p)))
+        if t is not None:
+            w.masked_fill_(w < t[:, None], 0.0)
+        run = _block_sums(w)
+        y, S = inverse_cdf(w, u_sample[sl], run)
+        if q_rows is None:
+            tok[sl] = y
+            acc[sl] = x[sl] == y  # x = -1 (no draft, or out of range) never matches
+            continue
+        # Draft probabilities: u < p(x) / q(x) with q(x) > 0; otherwise the residual.
+        vx = valid[sl]
+        xs = torch.where(vx, x[sl], 0)
+        drafted = vx.nonzero(as_tuple=True)[0]
+        c_tok = y.clone()
+        c_acc = torch.zeros(e - s, dtype=torch.bool)
+        if drafted.numel():
+            q = q_rows(s + drafted)  # fp32 [n_d, V]
+            xd = xs[drafted]
+            w_x = w[drafted].gather(1, xd[:, None])[:, 0]
+            q_x = q.gather(1, xd[:, None])[:, 0]
+            ok = (q_x > 0) & (u_accept[sl][drafted] < (w_x / S[drafted]) / q_x)
+            c_acc[drafted] = ok
+            c_tok[drafted] = torch.where(ok, xd, c_tok[drafted])
+            rej = (~ok).nonzero(as_tuple=True)[0]
+            if rej.numel():  # normalize(max(p - q, 0)), unless it has no mass
+                r = drafted[rej]
+                resid = (w[r] / S[r][:, None]).sub_(q[rej]).clamp_(min=0.0)
+                r_tok, R = inverse_cdf(resid, u_sample[sl][r])
+                c_tok[r] = torch.where((R > 0) & (r_tok >= 0), r_tok, c_tok[r])
+        tok[sl] = c_tok
+        acc[sl] = c_acc
+    return tok, acc
+
+
+def _log_probs(logits: torch.Tensor, idx: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(l)[tok]`` of the live rows ``idx``, computed as ``(l_tok - m) - log S``.
+
+    Subtracting the max first keeps the result exact for logits of any finite magnitude
+    (``l_tok - (m + log S)`` would round ``log S`` into a huge ``m``). NaN counts as -inf;
+    a row with ``+inf`` (or only ``-inf``) logits gives ``log(1/n)`` at its ``n`` maximal ids.
+    """
+    lp = torch.empty(idx.shape[0], dtype=torch.float32)
+    for s, e, z, m in _Rows(logits, idx):
+        l_tok = z.gather(1, tok[s:e, None])[:, 0]
+        odd = ~torch.isfinite(m)
+        if bool(odd.any()):  # weight 1 at the maximal ids, 0 elsewhere
+            rows = odd.nonzero(as_tuple=True)[0]
+            z[rows] = torch.where(z[rows] == m[rows, None], 0.0, _NEG_INF)
+            l_tok[rows] = torch.where(l_tok[rows] == m[rows], 0.0, _NEG_INF)
+            m = torch.where(odd, 0.0, m)
+        z.sub_(m[:, None]).mul_(LOG2E)
+        torch.nn.functional.threshold_(z, EXP2_MIN, _NEG_INF)
+        S = z.exp2_().sum(-1)
+        lp[s:e] = (l_tok - m) - torch.log(S)
+    return lp
 
 
 def rejection_sample(
@@ -97,6 +319,8 @@ def rejection_sample(
     num_speculative_tokens: int,
     return_logprobs: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CPU implementation of ``specdec::rejection_sample`` (registered directly)."""
+    require_seeds_and_offsets(temperature, seeds, offsets)
     K1 = num_speculative_tokens + 1
     B = cu_num_draft_tokens.shape[0] - 1
     V = target_logits.shape[1]
@@ -122,70 +346,53 @@ def rejection_sample(
     else:
         x = torch.full_like(rb, -1)
     valid = is_draft & (x >= 0) & (x < V)
-    xs = torch.where(valid, x, 0)
+    x = torch.where(valid, x, -1)  # an id outside [0, V) is never read and never matches
 
     # The live rows cu[b] + b + j are exactly the first N + B rows, request-major: a view.
-    logits = target_logits[: rb.numel()].float()  # [R, V]
-    m_raw, arg = logits.max(dim=-1)  # the first maximum: ties -> lowest id
-    if bool(torch.isnan(m_raw).any()):  # NaN counts as -inf: copy only when there is one
-        logits = _nan_to_neg_inf(logits)
-        m_raw, arg = logits.max(dim=-1)
-    tok = arg.clone()
-    acc = is_draft & (x == arg)
+    logits = target_logits[: rb.numel()]
+    n_rows = rb.numel()
+    tok = torch.empty(n_rows, dtype=torch.long)
+    acc = torch.zeros(n_rows, dtype=torch.bool)
+    T = None if temperature is None else temperature.float()[rb]
+    greedy = None if T is None else (T == 0)
+    if greedy is None or bool(greedy.all()):
+        tok = _first_argmax(logits)
+        acc = x == tok
+    else:
+        g_rows = greedy.nonzero(as_tuple=True)[0]
+        if g_rows.numel():
+            g_tok = _first_argmax(logits.index_select(0, g_rows))
+            tok[g_rows] = g_tok
+            acc[g_rows] = x[g_rows] == g_tok
+        s_rows = (~greedy).nonzero(as_tuple=True)[0]
+        idx = None if s_rows.numel() == n_rows else s_rows  # None: every row, in order
+        sb, sj = rb[s_rows], rj[s_rows]
+        counter = offsets[sb] + sj
+        u_sample = philox_uniform(seeds[sb], counter, 1)
+        q_rows = u_accept = None
+        if draft_probs is not None:
+            u_accept = philox_uniform(seeds[sb], counter, 0)
+            q_flat = flat[s_rows]
 
-    if temperature is not None:
-        T = temperature.float()[rb]
-        sampled = (T != 0).nonzero(as_tuple=True)[0]
-        if sampled.numel():
-            sb, sj = rb[sampled], rj[sampled]
-            sx, svalid, sxs = x[sampled], valid[sampled], xs[sampled]
+            def q_rows(pos):
+                return draft_probs.index_select(0, q_flat[pos]).float()
 
-            def per_row(p):
-                return None if p is None else p[sb]
-
-            w = target_weights(
-                logits[sampled], T[sampled], per_row(top_k), per_row(top_p), per_row(min_p)
-            )
-            S = w.sum(-1)
-            w_x = torch.where(svalid, w.gather(1, sxs[:, None])[:, 0], 0.0)
-            seed = seeds[sb]
-            counter = offsets[sb] + sj
-            if draft_probs is not None:
-                q_rows = draft_probs[(start[sb] + sj).clamp(max=draft_probs.shape[0] - 1)]
-                q_x = torch.where(svalid, q_rows.float().gather(1, sxs[:, None])[:, 0], 0.0)
-            else:
-                q_x = torch.ones_like(w_x)
-            u_acc = philox_uniform(seed, counter, 0)
-            s_acc = svalid & (q_x > 0) & (u_acc < (w_x / S) / q_x)
-
-            # Sample where the row is not accepted: residual after a rejection, else p.
-            need = (~s_acc).nonzero(as_tuple=True)[0]
-            s_tok = sx.clone()
-            if need.numel():
-                mass = w[need]
-                total = S[need]
-                nvalid = svalid[need]
-                if draft_probs is not None:
-                    r = torch.clamp(mass / total[:, None] - q_rows[need].float(), min=0.0)
-                    R = r.sum(-1)
-                    resid = nvalid & (R > 0)
-                    mass = torch.where(resid[:, None], r, mass)
-                    total = torch.where(resid, R, total)
-                else:
-                    rest = total - w_x[need]
-                    resid = nvalid & (rest > 0)
-                    hole = torch.zeros_like(mass, dtype=torch.bool)
-                    hole.scatter_(1, sxs[need][:, None], resid[:, None])
-                    mass = mass.masked_fill(hole, 0.0)
-                    total = torch.where(resid, rest, total)
-                u_s = philox_uniform(seed[need], counter[need], 1)
-                drawn = inverse_cdf(mass, total, u_s)
-                s_tok[need] = torch.where(drawn >= 0, drawn, arg[sampled][need])
-            tok[sampled] = s_tok
-            acc[sampled] = s_acc
+        s_tok, s_acc = _sample_rows(
+            logits,
+            idx,
+            T[s_rows],
+            *(None if p is None else p[sb] for p in (top_k, top_p, min_p)),
+            u_sample,
+            x[s_rows],
+            valid[s_rows],
+            q_rows,
+            u_accept,
+        )
+        tok[s_rows] = s_tok
+        acc[s_rows] = s_acc
 
     acc_grid = torch.zeros((B, K1), dtype=torch.bool)
-    acc_grid[rb, rj] = acc
+    acc_grid[rb, rj] = acc & is_draft
     tok_grid = torch.full((B, K1), -1, dtype=torch.long)
     tok_grid[rb, rj] = tok
     stop = torch.cumprod(acc_grid.to(torch.int32), dim=1).sum(1)  # leading accepted rows
@@ -193,10 +400,10 @@ def rejection_sample(
     out = torch.where(emit, tok_grid, -1).to(torch.int32)
     num_emitted = (stop + 1).to(torch.int32)
     if return_logprobs:
-        e_raw = torch.where(logits == m_raw[:, None], 1.0, torch.exp(logits - m_raw[:, None]))
-        lse = m_raw + torch.log(e_raw.sum(-1))
-        lp = logits.gather(1, tok[:, None])[:, 0] - lse
+        emitted_rows = (emit & live)[rb, rj].nonzero(as_tuple=True)[0]
         lp_grid = torch.zeros((B, K1), dtype=torch.float32)
-        lp_grid[rb, rj] = lp
-        logprobs = torch.where(emit, lp_grid, 0.0)
+        if emitted_rows.numel():
+            lp = _log_probs(logits, emitted_rows, tok[emitted_rows])
+            lp_grid[rb[emitted_rows], rj[emitted_rows]] = lp
+        logprobs = lp_grid
     return out, num_emitted, logprobs

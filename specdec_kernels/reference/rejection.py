@@ -1,11 +1,14 @@
 """Plain-Python speculative rejection sampler: the oracle for ``rejection_sample``.
 
-Speculative sampling as Leviathan, Kalman and Matias (2023, "Fast inference from
-transformers via speculative decoding") and Chen et al. (2023, "Accelerating large
-language model decoding with speculative sampling") define it, with DESIGN.md's exact
-rules, written request by request and row by row with the filters' literal definitions
-(``O(V^2)`` comparisons, fine for test vocabularies). It has its own Philox4x32-10 on
-Python integers, independent of the torch and Triton ones.
+Coupled verification for one-hot (n-gram) drafts: every verify row gets the token the
+plain sampler (k = 0) would draw there, and a draft is kept iff it equals that token;
+with draft probabilities, speculative sampling as Leviathan, Kalman and Matias (2023,
+"Fast inference from transformers via speculative decoding") and Chen et al. (2023,
+"Accelerating large language model decoding with speculative sampling") define it. The
+exact rules are ``docs/design.md``'s (op 2), written request by request and row by row
+with the filters' literal definitions (``O(V^2)`` comparisons, fine for test
+vocabularies). It has its own Philox4x32-10 on Python integers, independent of the torch
+and Triton ones.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import torch
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _MASK32 = 0xFFFFFFFF
+LOG2E = 1.4426950408889634
+EXP2_MIN = -126.0
 
 
 def philox4x32_10(counter: list[int], key: list[int]) -> list[int]:
@@ -41,14 +46,19 @@ def _first_argmax(row: torch.Tensor) -> int:
 
 
 def _kept_weights(row: torch.Tensor, T: float, k: int, top_p: float, min_p: float):
-    """The sampled row's kept fp32 weights ``w`` (``p = w / sum w``), literal filters."""
+    """The sampled row's kept fp32 weights ``w`` (``p = w / sum w``), literal filters.
+
+    ``e = 1`` where ``l == max l``, else ``exp2(z)`` for ``z = (l/2 - m/2) * (2 * log2(e) / T)
+    > -126`` and 0 below (``z`` is ``(l - m) / T`` in base 2, halved so that ``l - m`` cannot
+    overflow near 3.4e38; weights that would be subnormal count as 0).
+    """
     V = row.shape[0]
     l = row.masked_fill(torch.isnan(row), float("-inf"))
     m = l.max()
-    # (l/2 - m/2) / T * 2 == (l - m) / T, without overflow when l and m are near +-3.4e38
-    e = torch.where(
-        l == m, torch.ones_like(l), torch.exp((l * 0.5 - m * 0.5) / torch.tensor(T) * 2)
-    )
+    scale = torch.tensor(LOG2E, dtype=torch.float32) / torch.tensor(T, dtype=torch.float32)
+    z = (l * 0.5 - m * 0.5) * (scale * 2)
+    e = torch.where(z > EXP2_MIN, torch.exp2(z), 0.0)
+    e = torch.where(l == m, torch.ones_like(l), e)
     keep = torch.ones(V, dtype=torch.bool)
     larger = e[None, :] > e[:, None]  # larger[x, y]: e(y) > e(x)
     if 0 < k < V:  # top-k: fewer than k tokens have a larger weight
@@ -88,7 +98,15 @@ def rejection_sample(
     num_speculative_tokens: int,
     return_logprobs: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Loop over requests, then over their rows until the first rejection."""
+    """Loop over requests, then over their rows until the first row that is not accepted.
+
+    One-hot drafts (``draft_probs is None``): coupled verification. Row ``j`` has its own
+    token ``y_j`` (greedy: the argmax; sampled: the inverse-CDF sample of the filtered
+    ``p`` with the stream-1 uniform of counter ``offsets[b] + j``, exactly what the plain
+    sampler draws there); ``d_j`` is accepted iff ``d_j == y_j``; the first row that is
+    not accepted emits its ``y_j``. With ``draft_probs``: classic speculative sampling
+    (stream-0 acceptance uniform, stream-1 sample of the residual or of the bonus ``p``).
+    """
     K1 = num_speculative_tokens + 1
     cu = cu_num_draft_tokens.tolist()
     B = len(cu) - 1
@@ -105,12 +123,11 @@ def rejection_sample(
             row = raw.masked_fill(torch.isnan(raw), float("-inf"))
             x = int(draft_token_ids[cu[b] + j]) if j < kb else None
             valid = x is not None and 0 <= x < V
-            if T == 0.0:
-                best = _first_argmax(row)
-                if valid and best == x:
-                    emitted.append(x)
+            if T == 0.0:  # greedy: y_j is the argmax
+                y = _first_argmax(row)
+                emitted.append(y)
+                if valid and y == x:
                     continue
-                emitted.append(best)
                 break
             w = _kept_weights(
                 row,
@@ -122,18 +139,20 @@ def rejection_sample(
             S = w.sum()
             seed, counter = int(seeds[b]), int(offsets[b]) + j
             q = None if draft_probs is None or j == kb else draft_probs[cu[b] + j].float()
-            if valid:
-                q_x = torch.tensor(1.0) if q is None else q[x]
+            if q is None:  # one-hot draft or bonus row: y_j, the plain sampler's token
+                y = _sample(w, S, uniform(seed, counter, 1))
+                y = _first_argmax(row) if y is None else y
+                emitted.append(y)
+                if valid and y == x:
+                    continue
+                break
+            if valid:  # classic speculative sampling: u < p(x) / q(x)
                 u = uniform(seed, counter, 0)
-                if q_x > 0 and torch.tensor(u, dtype=torch.float32) < (w[x] / S) / q_x:
+                if q[x] > 0 and torch.tensor(u, dtype=torch.float32) < (w[x] / S) / q[x]:
                     emitted.append(x)
                     continue
             mass, total = w, S
-            if valid and q is None:  # one-hot draft: p without x, unless nothing is left
-                if S - w[x] > 0:
-                    mass, total = w.clone(), S - w[x]
-                    mass[x] = 0.0
-            elif valid:  # normalize(max(p - q, 0)), unless it has no mass
+            if valid:  # normalize(max(p - q, 0)), unless it has no mass
                 r = torch.clamp(w / S - q, min=0.0)
                 if r.sum() > 0:
                     mass, total = r, r.sum()
