@@ -1,4 +1,9 @@
-"""``rejection_sample`` cases: the library's CPU path vs plain torch rejection sampling."""
+"""``rejection_sample`` cases: the library's CPU path vs plain torch rejection sampling.
+
+Each case also times ``torch.softmax`` over the same logits rows (``softmax``): not an
+alternative implementation but the yardstick of one pass over the rows that every sampler
+makes, so ``speedup vs softmax`` says how many softmaxes the op costs (0.5: two).
+"""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ SPECS = [
     for m, d, v, b in itertools.product(MODES, DTYPES, VOCABS, BATCHES)
 ]
 QUICK_SPECS = [{"B": 2, "V": 1000, "mode": m, "dtype": d} for m in MODES for d in ("fp32", "bf16")]
-BASELINES = ["torch"]
+BASELINES = ["torch", "softmax"]
 # Rows whose tokens may differ between two correct fp32 implementations fed the same
 # uniforms (a uniform within rounding of a CDF boundary); far above what we see (0).
 MAX_MISMATCH_FRACTION = 0.02
@@ -53,9 +58,11 @@ def build(spec: dict) -> Case:
     args = (inp["target_logits"], inp["draft_token_ids"], inp["cu_num_draft_tokens"])
     op_kw = dict(base_kw, seeds=inp.get("seeds"), offsets=inp.get("offsets"))
     gen = torch.Generator().manual_seed(1234)
+    rows = inp["target_logits"][: B * (K + 1)]  # every request's k + 1 rows
     impls = {
         OP: lambda: rejection_sample(*args, **op_kw),
         "torch": lambda: rejection_sample_torch(*args, generator=gen, **base_kw),
+        "softmax": lambda: torch.softmax(rows, dim=-1),
     }
 
     def check() -> str:

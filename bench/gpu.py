@@ -4,11 +4,14 @@ Every op at the CPU suite's shapes, on the CUDA device: the Triton path through 
 op, timed with ``triton.testing.do_bench`` (median of the kernel time, flushed L2) and,
 for ops whose time is mostly launch overhead, also with CUDA-graph replay
 (``do_bench_cudagraph``). Baselines in the same run: torch eager on the device
-(n-gram: compare every window; rejection: softmax/gather/compare/residual/multinomial;
-bookkeeping: eager torch), and for the n-gram op the numba proposer on the host (what a
-CPU-side engine runs; host time only). Outputs are checked before timing: the CUDA op
-against the CPU path (exactly; sampled rejection modes: same uniforms, token mismatches
-only within rounding of a CDF boundary, counted) and against the baselines.
+(n-gram: compare every window; rejection: the same rules in plain torch (softmax, then
+argmax / cumsum + searchsorted / residual + multinomial), plus ``torch.softmax`` over the
+same rows as the one-pass yardstick: the one-hot temperature-only case is the kernel's
+<= 3-pass path; bookkeeping: eager torch), and for the n-gram op the numba proposer on
+the host (what a CPU-side engine runs; host time only). Outputs are checked before
+timing: the CUDA op against the CPU path (exactly; sampled rejection modes: same uniforms,
+token mismatches only within rounding of a CDF boundary, counted) and against the
+baselines.
 
 Writes ``bench/results/<date>-<gpu name>.md``. Importing this module touches no GPU.
 """
@@ -214,8 +217,11 @@ def _rejection_case(rows, spec, rejection_sample) -> None:
     a = tuple(g[x] for x in args)
     op = lambda: rejection_sample(*a, **op_kw)  # noqa: E731
     base_fn = lambda: rejection_sample_torch(*a, generator=gen, **base_kw)  # noqa: E731
+    live = g["target_logits"][: B * (K + 1)]
+    softmax = lambda: torch.softmax(live, dim=-1)  # noqa: E731
     rows.add("rejection_sample", label, "op", "bench", time_kernel(op), nbytes)
     rows.add("rejection_sample", label, "torch", "bench", time_kernel(base_fn), nbytes)
+    rows.add("rejection_sample", label, "softmax", "bench", time_kernel(softmax), nbytes)
 
 
 def _row_mismatch(out, ref) -> int:

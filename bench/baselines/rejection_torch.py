@@ -1,14 +1,20 @@
 """Plain torch rejection sampling, as an engine without fused kernels runs it.
 
-Softmax over every target row, gather ``p`` and ``q`` at the drafts, compare with uniforms,
-build the residual ``max(p - q, 0)`` (one-hot drafts: ``p`` without the draft) for every
-draft row, and draw the recovered and bonus tokens with ``torch.multinomial``; then pick,
-per request, the accepted prefix and the token at the first rejection. Semantics follow
-DESIGN.md op 2 without top-k/top-p/min-p (the benchmark uses plain temperature).
+Softmax over every target row, then per mode:
 
-For the correctness check the same function runs with the library's Philox uniforms
-(``uniforms=``) and inverse-CDF sampling instead of ``multinomial``, so its tokens can be
-compared with ``rejection_sample``'s one for one; only the timed run uses ``multinomial``.
+- greedy: argmax of every row, keep the drafts while they equal it;
+- one-hot drafts (n-gram), the library's rule (coupled verification): one inverse-CDF
+  sample per row (``cumsum`` + ``searchsorted`` against ``u * total``), keep the drafts
+  while they equal their row's sample, emit the sample of the first row that does not;
+- draft probabilities: classic speculative sampling: gather ``p`` and ``q`` at the drafts,
+  compare with uniforms, build the residual ``max(p - q, 0)`` for every draft row, draw the
+  recovered and bonus tokens with ``torch.multinomial``.
+
+Semantics follow ``docs/design.md`` (``rejection_sample``) without top-k/top-p/min-p (the
+benchmark uses plain temperature). For the correctness check the same function runs with
+the library's Philox uniforms (``uniforms=``), and inverse-CDF sampling instead of
+``multinomial``, so its tokens can be compared with ``rejection_sample``'s one for one;
+the timed run draws its own uniforms (``torch.rand`` / ``multinomial``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,41 @@ def _inverse_cdf(mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     thr = (u * run[..., -1]).unsqueeze(-1)
     idx = torch.searchsorted(run, thr, right=True).squeeze(-1)
     return idx.clamp(max=mass.shape[-1] - 1)
+
+
+def _speculative(
+    probs, draft_probs, drafts, in_vocab, safe_drafts, draft_idx, counts, uniforms, generator
+):
+    """Classic speculative sampling over ``probs`` ``[B, k+1, V]``: (final token, accepted)."""
+    B, K1, V = probs.shape
+    k = K1 - 1
+    device = probs.device
+    bidx = torch.arange(B, device=device)
+    p_x = probs[:, :k].gather(2, safe_drafts[:, :, None]).squeeze(2)
+    q = draft_probs[draft_idx.reshape(-1)].float().view(B, k, V)
+    q_x = q.gather(2, safe_drafts[:, :, None]).squeeze(2)
+    if uniforms is None:
+        accept_u = torch.rand((B, k), device=device, generator=generator)
+    else:
+        accept_u = uniforms[0][:, :k]
+    accept = in_vocab & (q_x > 0) & (accept_u < p_x / q_x)
+    accepted = accept.long().cumprod(dim=1).sum(dim=1)
+
+    # The residual at every draft row, then one recovered sample per row.
+    p_rows = probs[:, :k]
+    residual = (p_rows - q).clamp(min=0.0)
+    empty = (residual.sum(dim=-1, keepdim=True) <= 0) | ~in_vocab[:, :, None]
+    residual = torch.where(empty, p_rows, residual)
+    bonus_p = probs[bidx, counts]  # [B, V]
+    if uniforms is None:
+        recovered = torch.multinomial(residual.reshape(B * k, V), 1, generator=generator)
+        recovered = recovered.view(B, k)
+        bonus = torch.multinomial(bonus_p, 1, generator=generator).view(B)
+    else:
+        recovered = _inverse_cdf(residual, uniforms[1][:, :k])
+        bonus = _inverse_cdf(bonus_p, uniforms[1][bidx, counts])
+    rec_at = recovered.gather(1, accepted.clamp(max=max(k - 1, 0))[:, None]).squeeze(1)
+    return torch.where(accepted >= counts, bonus, rec_at), accepted
 
 
 def rejection_sample_torch(
@@ -78,38 +119,27 @@ def rejection_sample_torch(
         logits = target_logits[rows].float()  # [B*(k+1), V]
         t = temperature.repeat_interleave(k + 1)[:, None]
         probs = torch.softmax(logits / t, dim=-1).view(B, k + 1, V)
-        p_x = probs[:, :k].gather(2, safe_drafts[:, :, None]).squeeze(2)
-        if draft_probs is None:
-            q_x = torch.ones_like(p_x)
+        if draft_probs is None:  # coupled verification: every row's own sample
+            if uniforms is None:
+                sample_u = torch.rand((B, k + 1), device=device, generator=generator)
+            else:
+                sample_u = uniforms[1]
+            y = _inverse_cdf(probs, sample_u)  # [B, k+1]
+            match = in_vocab & (y[:, :k] == drafts)
+            accepted = match.long().cumprod(dim=1).sum(dim=1)
+            final = y[bidx, accepted]
         else:
-            q = draft_probs[draft_idx.reshape(-1)].float().view(B, k, V)
-            q_x = q.gather(2, safe_drafts[:, :, None]).squeeze(2)
-        if uniforms is None:
-            accept_u = torch.rand((B, k), device=device, generator=generator)
-        else:
-            accept_u = uniforms[0][:, :k]
-        accept = in_vocab & (q_x > 0) & (accept_u < p_x / q_x)
-        accepted = accept.long().cumprod(dim=1).sum(dim=1)
-
-        # The residual at every draft row, then one recovered sample per row.
-        p_rows = probs[:, :k]
-        if draft_probs is None:
-            residual = p_rows.scatter(2, safe_drafts[:, :, None], 0.0)
-        else:
-            residual = (p_rows - q).clamp(min=0.0)
-        empty = (residual.sum(dim=-1, keepdim=True) <= 0) | ~in_vocab[:, :, None]
-        residual = torch.where(empty, p_rows, residual)
-        bonus_p = probs[bidx, counts]  # [B, V]
-        if uniforms is None:
-            recovered = torch.multinomial(residual.reshape(B * k, V), 1, generator=generator).view(
-                B, k
+            final, accepted = _speculative(
+                probs,
+                draft_probs,
+                drafts,
+                in_vocab,
+                safe_drafts,
+                draft_idx,
+                counts,
+                uniforms,
+                generator,
             )
-            bonus = torch.multinomial(bonus_p, 1, generator=generator).view(B)
-        else:
-            recovered = _inverse_cdf(residual, uniforms[1][:, :k])
-            bonus = _inverse_cdf(bonus_p, uniforms[1][bidx, counts])
-        rec_at = recovered.gather(1, accepted.clamp(max=max(k - 1, 0))[:, None]).squeeze(1)
-        final = torch.where(accepted >= counts, bonus, rec_at)
 
     j = torch.arange(k + 1, device=device)
     padded = torch.cat([drafts, drafts.new_full((B, 1), -1)], dim=1)
