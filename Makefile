@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # override e.g. TORCH_SPEC='torch>=2.4' to use another build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint bench ngram-demo gpu-wheelhouse clean
+.PHONY: demo test test-vllm lint bench ngram-demo gpu-wheelhouse clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ lint: $(VENV)/.core-installed
 
 test: $(VENV)/.examples-installed $(VENV)/.bench-installed lint
 	$(BIN)/python -m pytest -q --durations=15
+
+# tests/integrations in their own venv with vLLM and the torch it pins (built once per
+# machine under ~/.cache/specdec-kernels, keyed by these versions; see the script)
+VLLM_VERSION ?= 0.33.0
+VLLM_TORCH ?= 2.14.0
+test-vllm:
+	PYTHON=$(PYTHON) VLLM_VERSION=$(VLLM_VERSION) VLLM_TORCH=$(VLLM_TORCH) \
+		bash tests/integrations/vllm_env.sh
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench --threads 1

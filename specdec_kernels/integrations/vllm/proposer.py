@@ -221,7 +221,7 @@ class NgramProposer:
             [s.num_speculative_tokens if len(ids) else 0 for ids in sampled_token_ids],
             dtype=torch.int32,
         )
-        drafts, counts = ngram_propose(
+        proposal = ngram_propose(
             token_ids[:B],
             num_tokens[:B],
             min_n=s.min_n,
@@ -231,7 +231,8 @@ class NgramProposer:
             max_draft_tokens=caps,
             tie_break=s.tie_break,
         )
-        return [row[:c] for row, c in zip(drafts.tolist(), counts.tolist(), strict=True)]
+        drafts, counts = proposal.draft_token_ids.tolist(), proposal.num_draft_tokens.tolist()
+        return [row[:c] for row, c in zip(drafts, counts, strict=True)]
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No model to load (vLLM calls this with the target model when present)."""

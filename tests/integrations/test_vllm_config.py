@@ -1,0 +1,61 @@
+"""The proposer built from a real ``VllmConfig``, loaded by vLLM's own loader.
+
+The config comes from the README's ``vllm serve`` flags, parsed by vLLM's serve parser,
+over a hand-written tiny Llama ``config.json`` (no tokenizer, no weights, no hub access);
+``create_custom_proposer`` imports and constructs the class as ``GPUModelRunner`` does.
+vLLM picks its platform once per process, so this runs in a subprocess on vLLM's CPU
+platform (vllm_config_check.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def test_proposer_from_a_real_vllm_config(tmp_path):
+    model = tmp_path / "tiny-llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
+    script = Path(__file__).with_name("vllm_config_check.py")
+    out = subprocess.run(
+        [sys.executable, str(script), str(model)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
+
+    assert result["class"] == "specdec_kernels.integrations.vllm.proposer.NgramProposer"
+    assert result["method"] == "custom_class"
+    # vLLM 0.33.0 zeroes these for custom classes: the range comes from additional_config
+    assert result["prompt_lookup"] == [0, 0]
+    assert result["settings"] == [2, 4, 3, 64, "first"]
+    # custom_class runs on the V1 model runner, whose rejection sampler the plugin wraps
+    assert result["use_v2_model_runner"] is False
+    assert result["ours"] == result["theirs"]
+    assert result["ours"][0] == [] and result["ours"][3] == []  # at max_model_len; skipped
+    assert sum(map(len, result["ours"])) > 0
