@@ -9,11 +9,16 @@ platform (vllm_config_check.py).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -32,6 +37,15 @@ TINY_LLAMA = {
 }
 
 
+def readme_serve_flags() -> list[str]:
+    """The flags of the README's ``vllm serve`` command ("Inside vLLM")."""
+    section = README.read_text().split("## Inside vLLM", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    words = shlex.split(block.replace("\\\n", " "))
+    assert words[:4] == ["SPECDEC_VLLM_REJECTION=1", "vllm", "serve", "<model>"]
+    return words[4:]
+
+
 def test_proposer_from_a_real_vllm_config(tmp_path):
     model = tmp_path / "tiny-llama"
     model.mkdir()
@@ -39,7 +53,7 @@ def test_proposer_from_a_real_vllm_config(tmp_path):
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
     script = Path(__file__).with_name("vllm_config_check.py")
     out = subprocess.run(
-        [sys.executable, str(script), str(model)],
+        [sys.executable, str(script), str(model), json.dumps(readme_serve_flags())],
         env=env,
         capture_output=True,
         text=True,
@@ -53,9 +67,26 @@ def test_proposer_from_a_real_vllm_config(tmp_path):
     assert result["method"] == "custom_class"
     # vLLM 0.33.0 zeroes these for custom classes: the range comes from additional_config
     assert result["prompt_lookup"] == [0, 0]
-    assert result["settings"] == [2, 4, 3, 64, "first"]
+    assert result["settings"] == [2, 5, 4, 64, "first"]  # the README's range and k
     # custom_class runs on the V1 model runner, whose rejection sampler the plugin wraps
     assert result["use_v2_model_runner"] is False
     assert result["ours"] == result["theirs"]
     assert result["ours"][0] == [] and result["ours"][3] == []  # at max_model_len; skipped
     assert sum(map(len, result["ours"])) > 0
+
+
+def test_readme_llm_example_passes_what_the_serve_example_passes():
+    section = README.read_text().split("## Inside vLLM", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    (call,) = [
+        node
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LLM"
+    ]
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg != "model"}
+    flags = readme_serve_flags()
+    serve = {
+        flags[i][2:].replace("-", "_"): json.loads(flags[i + 1]) for i in range(0, len(flags), 2)
+    }
+    assert kwargs == serve
+    assert 'os.environ["SPECDEC_VLLM_REJECTION"] = "1"' in code

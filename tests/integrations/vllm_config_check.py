@@ -1,7 +1,8 @@
 """Run by test_vllm_config.py in its own process: build real ``VllmConfig``s from local files
 on vLLM's CPU platform, load the proposers as vLLM's model runner does, and print JSON.
 
-``python vllm_config_check.py MODEL_DIR`` (``VLLM_TARGET_DEVICE=cpu``): vLLM's CUDA wheel on
+``python vllm_config_check.py MODEL_DIR '["--speculative-config", ...]'``
+(``VLLM_TARGET_DEVICE=cpu``): vLLM's CUDA wheel on
 a machine without a GPU resolves no platform, and its config needs a device type; the
 CPU platform gives one. It is a separate process because vLLM picks its platform once,
 and the rejection-sampler tests need the other one (see conftest.py).
@@ -19,26 +20,17 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.spec_decode.custom_class_proposer import create_custom_proposer
 from vllm.v1.spec_decode.ngram_proposer import NgramProposer as VllmNgramProposer
 
-CLASS_PATH = "specdec_kernels.integrations.vllm.NgramProposer"
 
-
-def main(model_dir: str) -> None:
+def main(model_dir: str, serve_flags: list[str]) -> None:
     # the README's `vllm serve` flags, parsed by vLLM's own serve parser
-    argv = [
-        "--model",
-        model_dir,
-        "--skip-tokenizer-init",
-        "--max-model-len",
-        "64",
-        "--max-num-seqs",
-        "8",
-        "--speculative-config",
-        json.dumps({"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": 3}),
-        "--additional-config",
-        json.dumps({"specdec_kernels": {"prompt_lookup_min": 2, "prompt_lookup_max": 4}}),
-    ]
+    argv = ["--model", model_dir, "--skip-tokenizer-init", "--max-model-len", "64"]
+    argv += ["--max-num-seqs", "8", *serve_flags]
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
     ours_config = EngineArgs.from_cli_args(args).create_engine_config()
+    ours = create_custom_proposer(ours_config)  # what GPUModelRunner.__init__ calls
+
+    # vLLM's own n-gram method with the same range and k
+    s = ours.settings
     theirs_config = EngineArgs(
         model=model_dir,
         skip_tokenizer_init=True,
@@ -46,13 +38,11 @@ def main(model_dir: str) -> None:
         max_num_seqs=8,
         speculative_config={
             "method": "ngram",
-            "num_speculative_tokens": 3,
-            "prompt_lookup_min": 2,
-            "prompt_lookup_max": 4,
+            "num_speculative_tokens": s.num_speculative_tokens,
+            "prompt_lookup_min": s.min_n,
+            "prompt_lookup_max": s.max_n,
         },
     ).create_engine_config()
-
-    ours = create_custom_proposer(ours_config)  # what GPUModelRunner.__init__ calls
     theirs = VllmNgramProposer(theirs_config)
 
     rng = np.random.default_rng(0)
@@ -67,10 +57,12 @@ def main(model_dir: str) -> None:
         "prompt_lookup": [spec.prompt_lookup_min, spec.prompt_lookup_max],
         "use_v2_model_runner": ours_config.use_v2_model_runner,
         "ours": ours.propose(sampled, num_tokens, token_ids, slot_mappings=None),
-        "theirs": theirs.propose(3, sampled, num_tokens, token_ids, slot_mappings=None),
+        "theirs": theirs.propose(
+            s.num_speculative_tokens, sampled, num_tokens, token_ids, slot_mappings=None
+        ),
     }
     print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], json.loads(sys.argv[2]))
