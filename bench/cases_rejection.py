@@ -29,9 +29,13 @@ SPECS = [
 ]
 QUICK_SPECS = [{"B": 2, "V": 1000, "mode": m, "dtype": d} for m in MODES for d in ("fp32", "bf16")]
 BASELINES = ["torch", "softmax"]
-# Rows whose tokens may differ between two correct fp32 implementations fed the same
-# uniforms (a uniform within rounding of a CDF boundary); far above what we see (0).
-MAX_MISMATCH_FRACTION = 0.02
+# Requests whose tokens may differ between two correct fp32 implementations fed the same
+# uniforms: a uniform within float32 rounding of a CDF boundary. At V = 151936 the tail
+# holds ~150k tokens of mass ~1e-7 each, as narrow as the rounding of a running sum near
+# 0.3, so about 1% of the draws that land in the tail disagree (seen: 1 request in 64).
+# The op's one-hot tokens are also checked against a float64 inverse CDF (CDF_TOL).
+MAX_MISMATCH_FRACTION = 0.05
+CDF_TOL = 1e-6
 
 
 def bytes_moved(B: int, V: int, mode: str, dtype: str) -> int:
@@ -45,6 +49,26 @@ def bytes_moved(B: int, V: int, mode: str, dtype: str) -> int:
     if mode == "probs":
         total += n * V * 4
     return total + 4 * B * (K + 1) + 4 * B
+
+
+def _check_against_float64(inp: dict, out, sample_u: torch.Tensor) -> int:
+    """One-hot drafts: every emitted token is its row's inverse-CDF sample (float64
+    ``softmax(l / T)``, running mass within ``CDF_TOL`` of ``u * total``), and every draft
+    before it equals its row's token. Returns the number of tokens checked."""
+    logits, drafts = inp["target_logits"], inp["draft_token_ids"]
+    T = inp["temperature"]
+    n = 0
+    for b in range(out.num_emitted.shape[0]):
+        for j in range(int(out.num_emitted[b])):
+            tok = int(out.output_token_ids[b, j])
+            cdf = torch.softmax(logits[b * (K + 1) + j].double() / float(T[b]), 0).cumsum(0)
+            thr = float(sample_u[b, j]) * float(cdf[-1])
+            below = float(cdf[tok - 1]) if tok > 0 else 0.0
+            assert below - CDF_TOL <= thr <= float(cdf[tok]) + CDF_TOL, (b, j, tok)
+            if j + 1 < int(out.num_emitted[b]):  # an accepted draft is the row's token
+                assert int(drafts[b * K + j]) == tok, (b, j)
+            n += 1
+    return n
 
 
 def build(spec: dict) -> Case:
@@ -78,7 +102,10 @@ def build(spec: dict) -> Case:
             bad = (out.output_token_ids != b_out).any(dim=1) | (out.num_emitted != b_num)
             frac = float(bad.float().mean())
             assert frac <= MAX_MISMATCH_FRACTION, f"{frac:.1%} of rows differ from torch"
-            how = f"op == torch with the same Philox uniforms on {1 - frac:.0%} of rows"
+            how = f"op == torch with the same Philox uniforms on {1 - frac:.0%} of requests"
+            if mode == "onehot":
+                n_tok = _check_against_float64(inp, out, uniforms[1])
+                how += f"; all {n_tok} op tokens within {CDF_TOL:g} of the float64 inverse CDF"
         mean = float(out.num_emitted.float().mean())
         return f"{how}; {mean:.2f} tokens emitted per request (of {K + 1})"
 
