@@ -4,10 +4,14 @@ Requests of different prompt lengths are admitted into free state rows as others
 (continuous batching). Admission fills the KV cache for the prompt minus its last token
 (prefill); from then on every step is the same sequence of library calls::
 
-    ngram_propose -> prepare_verify_inputs -> model forward -> rejection_sample
-        -> commit_accepted_tokens
+    ngram_propose [-> plan_draft_lengths] -> prepare_verify_inputs -> model forward
+        -> rejection_sample -> commit_accepted_tokens [-> update_acceptance_stats]
 
-with ``k = 0`` (no speculation) running the same ops minus the proposer. The step has no
+with ``k = 0`` (no speculation) running the same ops. The draft policy decides how many
+of the proposed drafts a request verifies: ``fixed`` all of them, ``none`` none (plain
+decoding), ``adaptive`` what ``plan_draft_lengths`` finds worth its cost, from a cost
+table of the verify pass the engine measures on its own model (:meth:`Engine.calibrate`)
+and acceptance estimates it keeps on the device. The step has no
 Python loop over tokens and reads exactly one small tensor back to the host (the new
 lengths, committed counts and finish reasons, which the host needs to allocate KV blocks
 and retire requests). Output tokens stay on the device until the run ends.
@@ -28,11 +32,18 @@ from specdec_kernels.ops import (
     FINISH_REASON_NAMES,
     commit_accepted_tokens,
     compute_slot_mapping,
+    new_acceptance_stats,
     ngram_propose,
+    plan_draft_lengths,
     prepare_verify_inputs,
     rejection_sample,
     sampling_offsets,
+    update_acceptance_stats,
 )
+
+DRAFT_POLICIES = ("none", "fixed", "adaptive")
+ACCEPTANCE_PRIOR = 0.5
+"""The acceptance estimate of a newly admitted request (adaptive policy)."""
 
 
 @dataclass
@@ -66,6 +77,8 @@ class RunStats:
     """output tokens committed"""
     drafts: int = 0
     """draft tokens proposed"""
+    verified: int = 0
+    """draft tokens verified (the plan's choice; = drafts unless the policy is adaptive)"""
     accepted: int = 0
     """draft tokens accepted by the verifier and committed"""
     prefill_tokens: int = 0
@@ -75,6 +88,12 @@ class RunStats:
     """part of it spent in prefill forwards"""
     host_reads: int = 0
     """device-to-host reads made inside decode steps (one per step by construction)"""
+    full_steps: int = 0
+    """decode steps that ran with every state row busy (the batch full)"""
+    full_tokens: int = 0
+    """tokens committed in those steps"""
+    full_seconds: float = 0.0
+    """wall time of those steps"""
     batch_sizes: list[int] = field(default_factory=list)
 
     @property
@@ -88,9 +107,19 @@ class RunStats:
         return self.tokens / t if t > 0 else 0.0
 
     @property
+    def full_batch_tokens_per_s(self) -> float:
+        """Decode throughput over the steps where the batch was full (0 if none was)."""
+        return self.full_tokens / self.full_seconds if self.full_seconds else 0.0
+
+    @property
     def tokens_per_step(self) -> float:
         """Tokens committed per request per step (1.0 without speculation)."""
         return self.tokens / self.request_steps if self.request_steps else 0.0
+
+    @property
+    def verified_per_step(self) -> float:
+        """Draft tokens verified per request per step."""
+        return self.verified / self.request_steps if self.request_steps else 0.0
 
     @property
     def accepted_per_step(self) -> float:
@@ -106,6 +135,19 @@ class _Running:
     num_tokens: int  # host copy, refreshed by the step's single read-back
     blocks: list[int]
     steps: int = 0
+
+
+def _interpolate(grid: list[int], times: list[float], n_max: int) -> torch.Tensor:
+    """float32 ``[n_max + 1]``: piecewise-linear through ``(grid, times)``, flat outside,
+    made non-decreasing (a longer pass never costs less)."""
+    g = torch.tensor(grid, dtype=torch.float64)
+    t = torch.tensor(times, dtype=torch.float64)
+    n = torch.arange(n_max + 1, dtype=torch.float64)
+    if len(grid) == 1:
+        return torch.full((n_max + 1,), float(t[0]), dtype=torch.float32)
+    i = torch.searchsorted(g, n).clamp(1, len(grid) - 1)
+    w = ((n - g[i - 1]) / (g[i] - g[i - 1])).clamp(0, 1)
+    return torch.cummax(t[i - 1] + w * (t[i] - t[i - 1]), 0).values.float()
 
 
 class EngineError(ValueError):
@@ -130,6 +172,14 @@ class Engine:
         Tokens per KV block.
     stop_token_ids : sequence of int
         Tokens that end a request (committed, then the request finishes).
+    draft_policy : {"fixed", "adaptive", "none"}
+        How many proposed drafts a request verifies: all (``fixed``), what
+        ``plan_draft_lengths`` finds worth its cost (``adaptive``; needs a cost table,
+        :meth:`calibrate` measures one on first use), or none (``none``: plain decoding,
+        the same as ``num_speculative_tokens=0``).
+    verify_cost : torch.Tensor, optional
+        float32 ``[T + 1]``, the cost of a verify pass of ``n`` tokens (seconds), for the
+        adaptive policy. Default: measured by :meth:`calibrate`.
     """
 
     def __init__(
@@ -143,7 +193,11 @@ class Engine:
         max_n: int = 3,
         block_size: int = 16,
         stop_token_ids: tuple[int, ...] | list[int] = (),
+        draft_policy: str = "fixed",
+        verify_cost: torch.Tensor | None = None,
     ):
+        if draft_policy not in DRAFT_POLICIES:
+            raise EngineError(f"draft_policy must be one of {DRAFT_POLICIES}, got {draft_policy!r}")
         if num_speculative_tokens < 0:
             raise EngineError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         if not 1 <= min_n <= max_n:
@@ -156,7 +210,8 @@ class Engine:
                 f"(the model's context), got {max_model_len}"
             )
         self.model = model
-        self.k = num_speculative_tokens
+        self.draft_policy = draft_policy
+        self.k = 0 if draft_policy == "none" else num_speculative_tokens
         self.min_n, self.max_n = min_n, max_n
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -178,6 +233,71 @@ class Engine:
         self.seeds = torch.zeros((R,), dtype=torch.int64, device=dev)
         stops = sorted(set(int(t) for t in stop_token_ids)) or [-1]
         self.stop_token_ids = torch.tensor(stops, **i32).expand(R, -1).contiguous()
+        # Adaptive policy: acceptance estimates per state row and match length, on device.
+        self.acceptance = new_acceptance_stats(
+            R, self.k, num_classes=max_n, prior=ACCEPTANCE_PRIOR, device=dev
+        )
+        self.verify_cost = verify_cost
+        self.calibration_seconds = 0.0
+
+    # ------------------------------------------------------------------ cost model
+
+    @torch.inference_mode()
+    def calibrate(self, *, context_len: int = 256, repeats: int = 3) -> torch.Tensor:
+        """Measure the verify pass of this model on this machine; returns the cost table.
+
+        Times ``Llama.forward`` (logits included) for ``n`` query tokens spread over
+        ``min(n, R)`` requests of ``context_len`` cached tokens each, for ``n`` on a
+        geometric grid from 1 to ``R * (k + 1)`` (median of ``repeats`` after a warm-up),
+        and interpolates linearly: ``verify_cost[n]`` in seconds, float32
+        ``[R * (k + 1) + 1]``, non-decreasing. Uses the engine's KV blocks, so call it
+        between :meth:`generate` calls. Stores the table and the time it took
+        (``calibration_seconds``).
+        """
+        t_start = time.perf_counter()
+        R, k, dev = self.R, self.k, self.device
+        n_max = R * (k + 1)
+        ctx = max(1, min(context_len, self.max_model_len - k - 1))
+        grid = sorted({1, n_max} | {min(n_max, round(1.5**i)) for i in range(40)})
+        blocks = self.cache.allocator.allocate(
+            R * PagedKVCache.blocks_needed(ctx + k + 1, self.block_size)
+        )
+        per_row = len(blocks) // R
+        table = torch.tensor(blocks, dtype=torch.int32, device=dev).view(R, per_row)
+        times = []
+        try:
+            for n in grid:
+                q = min(n, R)
+                lens = [n // q + (1 if b < n % q else 0) for b in range(q)]
+                pos = torch.cat([torch.arange(ctx, ctx + m, device=dev) for m in lens])
+                qsl = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev)
+                slots = compute_slot_mapping(
+                    table[:q],
+                    pos,
+                    qsl,
+                    block_size=self.block_size,
+                    max_model_len=self.max_model_len,
+                )
+                ids = torch.zeros(n, dtype=torch.int32, device=dev)
+
+                def run(ids=ids, pos=pos, slots=slots, qsl=qsl, q=q, lens=lens):
+                    self.model.forward(
+                        ids, pos, slots, qsl, table[:q], self.cache,
+                        max_query_len=max(lens), max_seq_len=ctx + max(lens),
+                    )  # fmt: skip
+
+                run()
+                samples = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    run()
+                    samples.append(time.perf_counter() - t0)
+                times.append(sorted(samples)[len(samples) // 2])
+        finally:
+            self.cache.allocator.free(blocks)
+        self.verify_cost = _interpolate(grid, times, n_max).to(dev)
+        self.calibration_seconds = time.perf_counter() - t_start
+        return self.verify_cost
 
     # ------------------------------------------------------------------ host side
 
@@ -229,6 +349,7 @@ class Engine:
             self.temperature[r] = sp.temperature
             self.top_p[r] = sp.top_p
             self.seeds[r] = sp.seed
+            self.acceptance[r] = ACCEPTANCE_PRIOR
             new.append(_Running(index=i, row=r, prompt_len=n, num_tokens=n, blocks=[]))
         if not new:
             return
@@ -276,7 +397,7 @@ class Engine:
         req_indices = torch.tensor([q.row for q in running], dtype=torch.int32, device=dev)
         rows = req_indices.long()
         # k = 0 (plain decoding) runs the same ops: no drafts, one query token per request.
-        drafts, num_drafts, _ = ngram_propose(
+        drafts, num_drafts, match_len = ngram_propose(
             self.token_ids,
             self.num_tokens,
             req_indices,
@@ -285,11 +406,17 @@ class Engine:
             num_speculative_tokens=k,
             max_model_len=self.max_model_len,
         )
+        adaptive = self.draft_policy == "adaptive" and k > 0
+        planned = num_drafts
+        if adaptive:
+            planned = plan_draft_lengths(
+                num_drafts, match_len, self.acceptance, self.verify_cost, req_indices
+            ).num_draft_tokens
         vi = prepare_verify_inputs(
             self.token_ids,
             self.num_tokens,
             drafts,
-            num_drafts,
+            planned,
             self.block_table,
             req_indices,
             block_size=self.block_size,
@@ -328,8 +455,18 @@ class Engine:
             max_tokens=self.max_tokens[rows],
             max_model_len=self.max_model_len,
         )
+        if adaptive:  # learn from the drafts as proposed, verified or not
+            update_acceptance_stats(
+                self.acceptance,
+                drafts,
+                num_drafts,
+                match_len,
+                rs.output_token_ids,
+                rs.num_emitted,
+                req_indices,
+            )
         # The step's one device-to-host read: new lengths, committed counts, finish
-        # reasons, and (for statistics) emitted and drafted counts.
+        # reasons, and (for statistics) emitted, drafted and verified counts.
         back = torch.stack(
             [
                 self.num_tokens[rows],
@@ -337,6 +474,7 @@ class Engine:
                 cm.finish_reason.to(torch.int32),
                 rs.num_emitted,
                 num_drafts,
+                planned,
             ]
         ).tolist()
         return back
@@ -362,6 +500,8 @@ class Engine:
         sampled = any(sp.temperature > 0 for sp in params)
         use_top_p = any(sp.top_p < 1 for sp in params)
 
+        if self.draft_policy == "adaptive" and self.k > 0 and self.verify_cost is None:
+            self.calibrate()  # once per engine; its time is reported apart
         stats = RunStats()
         t0 = time.perf_counter()
         waiting = deque(range(len(prompts)))
@@ -370,19 +510,22 @@ class Engine:
         finished: dict[int, tuple] = {}
         while waiting or running:
             self._admit(waiting, free_rows, prompts, params, running, stats)
+            t_step = time.perf_counter()
             self._grow_blocks(running)
             back = self._step(running, sampled, use_top_p)
+            full = len(running) == self.R
             stats.host_reads += 1
             stats.steps += 1
             stats.request_steps += len(running)
             stats.batch_sizes.append(len(running))
-            n_tok, n_com, reason, n_emit, n_draft = back
+            n_tok, n_com, reason, n_emit, n_draft, n_verified = back
             still = []
             for b, q in enumerate(running):
                 q.num_tokens = n_tok[b]
                 q.steps += 1
                 stats.tokens += n_com[b]
                 stats.drafts += n_draft[b]
+                stats.verified += n_verified[b]
                 # drafts kept and committed (a stop token or the budget may cut the block)
                 stats.accepted += max(min(n_emit[b] - 1, n_com[b]), 0)  # drafts kept and committed
                 if reason[b]:
@@ -395,6 +538,10 @@ class Engine:
                 else:
                     still.append(q)
             running = still
+            if full:
+                stats.full_steps += 1
+                stats.full_tokens += sum(n_com)
+                stats.full_seconds += time.perf_counter() - t_step
             if progress is not None:
                 progress.update(sum(n_com))
                 progress.set_postfix(

@@ -174,3 +174,11 @@ def load_hf_model(folder: Path, dtype: torch.dtype = torch.float32):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.eval()
     return model
+
+
+def stop_token_ids(loaded: LoadedModel) -> list[int]:
+    """The tokens that end a completion: the tokenizer's EOS and the config's ``eos_token_id``
+    (an int or a list)."""
+    eos = loaded.config.get("eos_token_id")
+    ids = {loaded.tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else eos or [])}
+    return sorted(t for t in ids if t is not None)
