@@ -66,58 +66,119 @@ def _batch_rows(req_indices: torch.Tensor | None, R: int) -> torch.Tensor:
     return rows[rows >= 0]
 
 
-def _gather_tokens(token_ids: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """``token_ids[rows, pos]`` as int64 (pos clamped into the row), any strides."""
-    pos = pos.clamp(0, max(token_ids.shape[1] - 1, 0))
-    return token_ids[rows, pos].long()
+class _Tokens:
+    """``token_ids`` as a flat view of its storage: ``(r, c) -> flat[r * s0 + c * s1]``.
+
+    One 1-D gather per lookup instead of 2-D advanced indexing (any strides, no copy).
+    """
+
+    def __init__(self, token_ids: torch.Tensor):
+        R, W = token_ids.shape
+        self.s0, self.s1 = token_ids.stride()
+        self.W = W
+        if R and W:
+            span = (R - 1) * self.s0 + (W - 1) * self.s1 + 1
+            self.flat = token_ids.as_strided((span,), (1,))
+        else:
+            self.flat = token_ids.new_zeros(1)
+            self.W = 1
+
+    def at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """int32 tokens at ``(rows, cols)`` (broadcast; columns clamped into the row)."""
+        idx = rows * self.s0 + cols.clamp(0, self.W - 1) * self.s1
+        return self.flat.index_select(0, idx.reshape(-1)).view(idx.shape)
+
+
+def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return x.index_select(0, idx)
+
+
+def _where_idx(mask: torch.Tensor) -> torch.Tensor:
+    return mask.nonzero().squeeze(1)
+
+
+def _all_columns(eq: torch.Tensor) -> torch.Tensor:
+    """``eq.all(1)`` for a narrow ``[P, n]`` bool tensor (column ANDs: much faster)."""
+    out = eq[:, 0].clone()
+    for t in range(1, eq.shape[1]):
+        out &= eq[:, t]
+    return out
+
+
+def _probe(tab, tokens, S, slot_base, pos, rows, key, beyond):
+    """Look at ``_WINDOW`` slots from ``pos``: the first that is empty or holds ``key``.
+
+    Returns ``(any_hit, slot, is_same)`` per key: whether the window has such a slot, that
+    slot's flat index, and whether it holds the key (else it is empty). The key of an
+    occupied slot is the n-gram at its ``first``: compared token by token, only for the
+    occupied slots (``beyond[m, t]``: column ``t`` is past the key's n).
+    """
+    m = pos.numel()
+    local = pos[:, None] + torch.arange(_WINDOW)
+    local = torch.where(local >= S, local - S, local)  # pos < S, so one wrap at most
+    slot = slot_base[:, None] + local  # [m, W]
+    first = tab.index_select(0, (2 * slot).view(-1))  # [m * W]
+    occ = first >= 0
+    same = torch.zeros_like(occ)
+    fi = _where_idx(occ)
+    if fi.numel():
+        ki = torch.div(fi, _WINDOW, rounding_mode="floor")
+        t = torch.arange(key.shape[1])
+        cand = tokens.at(_take(rows, ki)[:, None], _take(first, fi).long()[:, None] + t)
+        eq = (cand == _take(key, ki)) | _take(beyond, ki)
+        same.index_copy_(0, fi, _all_columns(eq))
+    same = same.view(m, _WINDOW)
+    hit = (same | ~occ.view(m, _WINDOW)).to(torch.int8)
+    w_star = hit.argmax(1, keepdim=True)  # the first hit
+    any_hit = hit.gather(1, w_star)[:, 0].bool()
+    return any_hit, slot.gather(1, w_star)[:, 0], same.gather(1, w_star)[:, 0] & any_hit
 
 
 # ----------------------------------------------------------------------------- own history
 
 
-def _insert(token_ids, flat, S, N, rows, js, starts, ns, max_n):
+def _insert(tokens, tab, S, N, rows, js, starts, ns, max_n):
     """Insert the n-grams ``token_ids[rows, starts:starts+ns]`` into tables ``(rows, js)``."""
     M = rows.numel()
     if M == 0:
         return
     t = torch.arange(max_n)
-    key = _gather_tokens(token_ids, rows[:, None], starts[:, None] + t)
-    h = hash_ngrams(key, ns)
+    key = tokens.at(rows[:, None], starts[:, None] + t)
+    beyond = t >= ns[:, None]
+    h = hash_ngrams(key.long(), ns)
     base = (rows * N + js) * S
     pos = mix1(h) % S
-    live = torch.arange(M)
-    w = torch.arange(_WINDOW)
-    while live.numel():
-        r, p0, st, n, kk = rows[live], pos[live], starts[live], ns[live], key[live]
-        slot = base[live][:, None] + (p0[:, None] + w) % S  # [m, W]
-        first = flat[2 * slot].long()
-        occupied = first >= 0
-        cand = _gather_tokens(
-            token_ids, r[:, None, None], first.clamp(min=0)[:, :, None] + t
-        )  # [m, W, max_n]
-        same = ((cand == kk[:, None, :]) | (t >= n[:, None, None])).all(-1) & occupied
-        hit = same | ~occupied
-        any_hit = hit.any(1)
-        w_star = hit.to(torch.int8).argmax(1)
-        ar = torch.arange(live.numel())
-        s_star = slot[ar, w_star]
-        matched = any_hit & same[ar, w_star]
-        claim = any_hit & ~occupied[ar, w_star]
+    st32 = starts.int()
+    live = None  # all keys pending
+    while True:
+        if live is None:
+            r, b, p0, st, kk, bey = rows, base, pos, st32, key, beyond
+        else:
+            r, b, p0, st = _take(rows, live), _take(base, live), _take(pos, live), _take(st32, live)
+            kk, bey = _take(key, live), _take(beyond, live)
+        any_hit, s_star, same = _probe(tab, tokens, S, b, p0, r, kk, bey)
+        claim = any_hit & ~same
         # claims: the smallest start wins each empty slot; read back who won
-        cs = s_star[claim]
-        flat.scatter_reduce_(0, 2 * cs, st[claim].int(), "amin", include_self=False)
+        ci = _where_idx(claim)
+        cs, cst = _take(s_star, ci), _take(st, ci)
+        tab.scatter_reduce_(0, 2 * cs, cst, "amin", include_self=False)
         won = torch.zeros_like(claim)
-        won[claim] = flat[2 * cs].long() == st[claim]
-        ms = s_star[matched]
-        flat.scatter_reduce_(0, 2 * ms, st[matched].int(), "amin")
-        upd = matched | won
-        flat.scatter_reduce_(0, 2 * s_star[upd] + 1, st[upd].int(), "amax")
+        won.index_copy_(0, ci, _take(tab, 2 * cs) == cst)
+        si = _where_idx(same)
+        tab.scatter_reduce_(0, 2 * _take(s_star, si), _take(st, si), "amin")
+        ui = _where_idx(same | won)
+        tab.scatter_reduce_(0, 2 * _take(s_star, ui) + 1, _take(st, ui), "amax")
         # next round: lost claims look at the same slot again, full windows move on
         lost = claim & ~won
         moved = ~any_hit
-        pos[live[lost]] = s_star[lost] - base[live[lost]]
-        pos[live[moved]] = (p0[moved] + _WINDOW) % S
-        live = live[lost | moved]
+        ni = _where_idx(lost | moved)
+        if ni.numel() == 0:
+            return
+        nxt_pos = torch.where(lost, s_star - b, p0 + _WINDOW)
+        nxt_pos = torch.where(nxt_pos >= S, nxt_pos - S, nxt_pos)
+        idx = ni if live is None else _take(live, ni)
+        pos.index_copy_(0, idx, _take(nxt_pos, ni))
+        live = idx
 
 
 def _index_rows(token_ids, num_tokens, req_indices, index, index_len, *, min_n, from_scratch):
@@ -125,29 +186,32 @@ def _index_rows(token_ids, num_tokens, req_indices, index, index_len, *, min_n, 
     rows = _batch_rows(req_indices, R)
     if rows.numel() == 0:
         return
-    flat = index.view(-1)
-    L = num_tokens[rows].long()
+    tab = index.view(-1)
+    tokens = _Tokens(token_ids)
+    L = num_tokens.index_select(0, rows).long()
     if from_scratch:
         index[rows] = -1
         old = torch.zeros_like(L)
     else:
-        old = index_len[rows].long()
+        old = index_len.index_select(0, rows).long()
     max_n = min_n + N - 1
+    ns = torch.arange(min_n, max_n + 1)
     # n-gram (n, i) joins once token i + n exists: i in [max(old - n, 0), L - n)
-    lo = [(old - (min_n + j)).clamp(min=0) for j in range(N)]
-    hi = [L - (min_n + j) for j in range(N)]
-    span = max(int((h - lo_).max()) for lo_, h in zip(lo, hi, strict=True))
-    step = max(1, _CHUNK // max(1, rows.numel() * N))
+    lo = (old[:, None] - ns).clamp(min=0)  # [B', N]
+    hi = L[:, None] - ns
+    span = int((hi - lo).max())
+    step = max(1, _CHUNK // (rows.numel() * N))
     for off in range(0, max(span, 0), step):
-        parts = []
-        for j in range(N):
-            i = lo[j][:, None] + off + torch.arange(min(step, span - off))
-            ok = i < hi[j][:, None]
-            rr = rows[:, None].expand_as(i)[ok]
-            parts.append((rr, torch.full_like(rr, j), i[ok], torch.full_like(rr, min_n + j)))
-        rr, jj, ii, nn = (torch.cat(x) for x in zip(*parts, strict=True))
-        _insert(token_ids, flat, S, N, rr, jj, ii, nn, max_n)
-    index_len[rows] = torch.maximum(L, old).int()
+        D = min(step, span - off)
+        i = lo[:, :, None] + (off + torch.arange(D))  # [B', N, D]
+        flat = _where_idx((i < hi[:, :, None]).view(-1))
+        bj = torch.div(flat, D, rounding_mode="floor")
+        jj = bj % N
+        _insert(
+            tokens, tab, S, N, _take(rows, torch.div(bj, N, rounding_mode="floor")), jj,
+            _take(i.view(-1), flat), _take(ns, jj), max_n,
+        )  # fmt: skip
+    index_len.index_copy_(0, rows, torch.maximum(L, old).int())
 
 
 def ngram_index_build(token_ids, num_tokens, req_indices, index, index_len, *, min_n, max_n):
@@ -162,38 +226,29 @@ def ngram_index_extend(token_ids, num_tokens, req_indices, index, index_len, *, 
     )
 
 
-def _own_lookup(token_ids, index, rows, js, key, ns, h):
+def _own_lookup(tokens, index, rows, js, key, ns, h):
     """(found, first, last) of each n-gram in its own table (read-only window probes)."""
     R, N, S, _ = index.shape
-    flat = index.view(-1)
-    M = rows.numel()
-    max_n = key.shape[1]
-    t = torch.arange(max_n)
-    w = torch.arange(_WINDOW)
+    tab = index.view(-1)
+    beyond = torch.arange(key.shape[1]) >= ns[:, None]
     base = (rows * N + js) * S
     pos = mix1(h) % S
-    found = torch.zeros(M, dtype=torch.bool)
-    first = torch.full((M,), -1, dtype=torch.long)
-    last = torch.full((M,), -1, dtype=torch.long)
-    live = torch.arange(M)
-    while live.numel():
-        r, kk, n = rows[live], key[live], ns[live]
-        slot = base[live][:, None] + (pos[live][:, None] + w) % S
-        f = flat[2 * slot].long()
-        occupied = f >= 0
-        cand = _gather_tokens(token_ids, r[:, None, None], f.clamp(min=0)[:, :, None] + t)
-        same = ((cand == kk[:, None, :]) | (t >= n[:, None, None])).all(-1) & occupied
-        hit = same | ~occupied
-        any_hit = hit.any(1)
-        w_star = hit.to(torch.int8).argmax(1)
-        ar = torch.arange(live.numel())
-        m = any_hit & same[ar, w_star]
-        s_star = slot[ar, w_star][m]
-        found[live[m]] = True
-        first[live[m]] = flat[2 * s_star].long()
-        last[live[m]] = flat[2 * s_star + 1].long()
-        pos[live[~any_hit]] = (pos[live[~any_hit]] + _WINDOW) % S
-        live = live[~any_hit]
+    any_hit, slot, found = _probe(tab, tokens, S, base, pos, rows, key, beyond)
+    live = _where_idx(~any_hit)
+    while live.numel():  # rare: a full window; look at the next one
+        p = _take(pos, live) + _WINDOW
+        p = torch.where(p >= S, p - S, p)
+        pos.index_copy_(0, live, p)
+        a, s_, f = _probe(
+            tab, tokens, S, _take(base, live), p, _take(rows, live), _take(key, live),
+            _take(beyond, live),
+        )  # fmt: skip
+        slot.index_copy_(0, live, s_)
+        found.index_copy_(0, live, f)
+        live = _take(live, _where_idx(~a))
+    pair = tab.view(-1, 2).index_select(0, slot).long()
+    first = torch.where(found, pair[:, 0], -1)
+    last = torch.where(found, pair[:, 1], -1)
     return found, first, last
 
 
@@ -273,7 +328,7 @@ def _corpus_lookup(corpus_tokens, corpus_meta, corpus_index, corpus_state, js, k
     for s in (mix1(h) % H, mix2(h) % H):
         p = corpus_index[js, s]
         ok = p >= lo
-        cand = corpus_tokens[(p.clamp(min=0)[:, None] + t) % C].long()
+        cand = corpus_tokens[(p.clamp(min=0)[:, None] + t) % C]
         ok &= ((cand == key) | (t >= ns[:, None])).all(1)
         best = torch.where(ok, torch.maximum(best, p), best)
     found = best >= 0
@@ -328,10 +383,11 @@ def ngram_index_propose(
     bb, jj, nn = bb[ok], jj[ok], nn[ok]
     rr = rows[bb]
     t = torch.arange(max_n)
-    key = _gather_tokens(token_ids, rr[:, None], (L[bb] - nn)[:, None] + t)
+    tokens = _Tokens(token_ids)
+    key = tokens.at(rr[:, None], (L[bb] - nn)[:, None] + t)
     key = torch.where(t < nn[:, None], key, 0)
-    h = hash_ngrams(key, nn)
-    own, first, last = _own_lookup(token_ids, index, rr, jj, key, nn, h)
+    h = hash_ngrams(key.long(), nn)
+    own, first, last = _own_lookup(tokens, index, rr, jj, key, nn, h)
     prio = torch.where(own, 2 * jj + 2, 0)
     if corpus_tokens is not None:
         cfound, cp, cend = _corpus_lookup(
@@ -364,7 +420,7 @@ def ngram_index_propose(
     m = torch.where(from_own | from_corpus, torch.minimum(cap, avail).clamp(min=0), 0)
     j = torch.arange(k)
     take = j < m[:, None]
-    own_tok = _gather_tokens(token_ids, rows[:, None], start_own[:, None] + j)
+    own_tok = tokens.at(rows[:, None], start_own[:, None] + j)
     if corpus_tokens is not None:
         C = corpus_tokens.shape[0]
         c_tok = corpus_tokens[(start_c.clamp(min=0)[:, None] + j) % C].long()
