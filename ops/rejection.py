@@ -124,10 +124,22 @@ define(
 )
 
 
+_INCLUSIVE_HINT = (
+    "this op takes the exclusive prefix sum cu_num_draft_tokens [B+1] with cu[0] = 0; "
+    "vLLM's array of that name is the inclusive [B] one: convert it with "
+    "specdec_kernels.ops.exclusive_cu_num_draft_tokens"
+)
+
+
 def _param(name, t, dtypes, B, device):
     if t is None:
         return None
     t = check_tensor(name, t, dtype=dtypes, ndim=1, device=device)
+    if t.shape[0] == B + 1:  # the classic mistake: an inclusive [B] cu read as B - 1 requests
+        raise ValueError(
+            f"{name} has {B + 1} entries but len(cu_num_draft_tokens) - 1 = {B} requests: "
+            + _INCLUSIVE_HINT
+        )
     check_shape(name, t, (B,), "one value per request")
     return t.contiguous()
 
@@ -336,7 +348,7 @@ def rejection_sample(
     if should_check_values([target_logits, draft_token_ids, cu, *params], validate):
         if int(cu[0]) != 0:
             raise ValueError(
-                f"cu_num_draft_tokens[0] must be 0 (exclusive prefix sum), got {int(cu[0])}"
+                f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}: " + _INCLUSIVE_HINT
             )
         check_value_range(
             "cu_num_draft_tokens[b+1] - cu_num_draft_tokens[b]",

@@ -1137,3 +1137,35 @@ def test_prepare_verify_inputs_rejects_lengths_whose_seq_lens_overflow_int32():
             block_size=16,
             max_model_len=width,
         )
+
+
+# ---------------------------------------------------------------- vLLM's inclusive cu
+
+
+def test_exclusive_cu_num_draft_tokens_converts_vllms_inclusive_array():
+    from specdec_kernels.ops import exclusive_cu_num_draft_tokens
+
+    inclusive = torch.tensor([2, 2, 5], dtype=I64)  # vLLM: k_b = 2, 0, 3
+    got = exclusive_cu_num_draft_tokens(inclusive)
+    assert got.dtype == I32 and got.tolist() == [0, 2, 2, 5]
+    assert exclusive_cu_num_draft_tokens(_i32([])).tolist() == [0]
+    with pytest.raises(ValueError, match="cu_inclusive must be 1-D"):
+        exclusive_cu_num_draft_tokens(_i32([[1]]))
+
+
+def test_rejection_sample_names_the_inclusive_exclusive_mix_up():
+    from specdec_kernels.ops import rejection_sample
+
+    # Three requests with 2, 0, 3 drafts; vLLM's inclusive cu passed as is.
+    logits = torch.randn(5 + 3, 7)
+    drafts = _i32([1, 2, 3, 4, 5])
+    inclusive = _i32([2, 2, 5])
+    with pytest.raises(ValueError, match="cu_num_draft_tokens\\[0\\] must be 0.*inclusive"):
+        rejection_sample(logits, drafts, inclusive, num_speculative_tokens=3)
+    # ... and a per-request argument of length B tells the same story without value checks
+    temperature = torch.ones(3)
+    with pytest.raises(ValueError, match="temperature has 3 entries.*exclusive_cu_num_draft"):
+        rejection_sample(
+            logits, drafts, inclusive, num_speculative_tokens=3, temperature=temperature,
+            validate=False,
+        )  # fmt: skip
