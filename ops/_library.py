@@ -53,5 +53,5 @@ def define(schema: str, *, cpu: Callable, cuda: str, fake: Callable) -> None:
     name = schema.split("(", 1)[0]
     lib.define(schema)
     lib.impl(name, cpu, "CPU")
-    lib.impl(name, _lazy(cuda) if isinstance(cuda, str) else cuda, "CUDA")  # TODO(tidy): str only
+    lib.impl(name, _lazy(cuda), "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
