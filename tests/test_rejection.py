@@ -890,7 +890,8 @@ BAD = [
     ("min_p", torch.tensor([0.5, -0.1, 1.0]), r"min_p must lie in \[0, 1\]"),
     ("min_p", torch.tensor([0.5, 1.1, 1.0]), r"min_p must lie in \[0, 1\]"),
     ("seeds", torch.ones(3, dtype=torch.int32), "seeds must have dtype int64"),
-    ("offsets", torch.ones(4, dtype=torch.int64), "offsets must have shape \\(3,\\)"),
+    ("offsets", torch.ones(5, dtype=torch.int64), "offsets must have shape \\(3,\\)"),
+    ("offsets", torch.ones(4, dtype=torch.int64), "offsets has 4 entries .* inclusive"),
 ]
 
 

@@ -21,6 +21,8 @@ when a uniform lands within float rounding of a CDF boundary.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from specdec_kernels.cpu.philox import philox_uniform
@@ -205,6 +207,20 @@ def _first_argmax(logits: torch.Tensor) -> torch.Tensor:
     return arg
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(rows: int, V: int) -> torch.Tensor:
+    """A ``[rows, V]`` fp32 working buffer, reused from call to call (per thread): a fresh
+    multi-MiB allocation is returned to the OS on free and page-faults in again, which cost
+    more than the passes over it."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < rows * V:
+        buf = torch.empty(max(rows * V, CHUNK_ELEMENTS), dtype=torch.float32)
+        _SCRATCH.buf = buf
+    return buf[: rows * V].view(rows, V)
+
+
 class _Rows:
     """The live rows of ``logits`` picked by ``idx`` (``None``: all), chunk by chunk, copied as
     fp32 into one reused scratch buffer."""
@@ -215,7 +231,7 @@ class _Rows:
         self.n = logits.shape[0] if idx is None else idx.shape[0]
         V = logits.shape[1]
         self.step = max(1, CHUNK_ELEMENTS // max(V, 1))
-        self.buf = torch.empty((min(self.step, self.n), V), dtype=torch.float32)
+        self.buf = _scratch(min(self.step, self.n), V)
 
     def __iter__(self):
         for s in range(0, self.n, self.step):
