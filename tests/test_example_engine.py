@@ -3,6 +3,7 @@
 - greedy decoding with n-gram speculation produces exactly the tokens plain decoding
   produces (float64 weights: in fp32 a 5-token and a 1-token matmul round differently and
   can flip a near-tied argmax);
+- so does sampled decoding (coupled verification), at batch 2 against batch 1;
 - the engine's paged-KV forward matches transformers' logits (fp32, max abs error
   <= 2e-3 on logits of magnitude ~40; measured ~1e-4);
 - the CLI's bad-input paths give one line and a non-zero exit.
@@ -63,7 +64,7 @@ def prompts(loaded):
     return [tokenize(loaded.tokenizer, named[n]) for n in ("add-docstring", "json-field")]
 
 
-def _generate(model, prompts, *, k, batch, max_tokens, stop_ids):
+def _generate(model, prompts, *, k, batch, stop_ids, max_tokens=None, params=None):
     eng = Engine(
         model,
         max_batch_size=batch,
@@ -73,7 +74,8 @@ def _generate(model, prompts, *, k, batch, max_tokens, stop_ids):
         max_n=3,
         stop_token_ids=stop_ids,
     )
-    params = [SamplingParams(max_tokens=n) for n in max_tokens]
+    if params is None:
+        params = [SamplingParams(max_tokens=n) for n in max_tokens]
     comps, stats = eng.generate(prompts, params)
     return [c.token_ids for c in comps], stats
 
@@ -96,6 +98,21 @@ def test_greedy_speculation_matches_plain_decoding_float64(loaded, model64, prom
     # speculation did something: drafts were accepted, so fewer steps were needed
     assert s4.accepted > 0 and s4.steps < max(budget)
     assert s0.host_reads == s0.steps and s4.host_reads == s4.steps
+
+
+def test_sampled_speculation_matches_plain_decoding_float64(loaded, model64, prompts):
+    # Coupled verification: a request's tokens are its plain sampler's, whatever the drafts,
+    # so n-gram speculation at batch 2 emits exactly what plain decoding at batch 1 emits
+    # (the prompts and budgets of the greedy test; one request with top-p, one without).
+    stop = [loaded.tokenizer.eos_token_id]
+    params = [
+        SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, seed=11),
+        SamplingParams(max_tokens=24, temperature=0.8, top_p=1.0, seed=12),
+    ]
+    plain, s0 = _generate(model64, prompts, k=0, batch=1, params=params, stop_ids=stop)
+    spec, s4 = _generate(model64, prompts, k=4, batch=2, params=params, stop_ids=stop)
+    assert spec == plain
+    assert s4.accepted > 0 and s4.steps < s0.steps  # drafts were accepted: fewer steps
 
 
 def test_sampled_decoding_depends_on_seed_not_on_batch(loaded, model64, prompts):

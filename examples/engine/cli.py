@@ -6,11 +6,14 @@
 (b) this engine with n-gram speculation (k drafts), batch 1;
 (c) transformers' ``generate(prompt_lookup_num_tokens=k)`` on the same weights, batch 1;
 (d), (e) this engine without and with speculation at ``--batch-size``;
+(f), (g) this engine without and with speculation, batch 1, sampled at
+``--sampled-temperature`` (0.8; seeds ``--seed + i``, ``--top-p``);
 
 prints every completion and a table (tokens/s, tokens and accepted drafts per step),
-states whether greedy outputs with speculation equal those without, token for token (at
-the first divergence, if any, it reports the logit gap), and writes the table to
-``bench/results/<date>-engine-<machine>.md``.
+states whether the outputs with speculation equal those without, token for token (greedy
+and, by coupled verification, sampled; at the first greedy divergence, if any, it reports
+the logit gap), and writes the table to ``bench/results/<date>-engine-<machine>.md``. The
+report itself is :mod:`examples.engine.report`.
 """
 
 from __future__ import annotations
@@ -20,17 +23,27 @@ import datetime
 import importlib.util
 import json
 import os
-import platform
-import re
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from examples.engine.hf_baseline import run_hf
 from examples.engine.model import EXTRA_HINT, ModelError
+from examples.engine.report import (
+    Row,
+    format_table,
+    load_average,
+    machine_name,
+    per_prompt_table,
+    results_markdown,
+    summary_lines,
+    verdict_lines,
+    write_atomic,
+)
+
+__all__ = ["DEFAULT_PROMPTS", "load_prompts", "machine_name", "main", "tokenize", "write_atomic"]
 
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.json")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     p.add_argument(
+        "--sampled-temperature",
+        type=float,
+        default=0.8,
+        help="temperature of the sampled runs (f) and (g) (default 0.8; 0 skips them)",
+    )
+    p.add_argument(
         "--max-tokens", type=int, default=96, help="new tokens per prompt at most (default 96)"
     )
     p.add_argument(
@@ -121,6 +140,10 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError(f"--batch-size must be >= 1, got {a.batch_size}")
     if not (a.temperature >= 0 and a.temperature < float("inf")):
         raise UsageError(f"--temperature must be finite and >= 0, got {a.temperature}")
+    if not (a.sampled_temperature >= 0 and a.sampled_temperature < float("inf")):
+        raise UsageError(
+            f"--sampled-temperature must be finite and >= 0, got {a.sampled_temperature}"
+        )
     if not 0 < a.top_p <= 1:
         raise UsageError(f"--top-p must lie in (0, 1], got {a.top_p}")
     if a.max_tokens < 1:
@@ -169,43 +192,9 @@ def tokenize(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
-def machine_name(threads: int) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    cpu = re.sub(r"\(r\)|\(tm\)|cpu|processor|@.*", " ", cpu.lower())
-    cpu = re.sub(r"[^a-z0-9]+", "-", cpu).strip("-") or "cpu"
-    return f"{cpu}-{threads}t"
-
-
-@dataclass
-class Row:
-    label: str
-    batch: int
-    k: int
-    tokens: int
-    seconds: float
-    tokens_per_step: float
-    accepted_per_step: float
-    prefill_seconds: float
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        t = self.seconds - self.prefill_seconds
-        return self.tokens / t if t > 0 else 0.0
-
-
-def run_engine(model, prompts, params, *, label, k, batch, args, stop_ids, show=True, tag=""):
+def run_engine(
+    model, prompts, params, *, label, k, batch, args, stop_ids, show=True, tag="", base=None
+):
     from tqdm import tqdm
 
     from examples.engine.engine import Engine
@@ -234,132 +223,10 @@ def run_engine(model, prompts, params, *, label, k, batch, args, stop_ids, show=
         stats.tokens_per_step,
         stats.accepted_per_step,
         stats.prefill_seconds,
+        temperature=params[0].temperature,
+        base=base,
     )
     return comps, stats, row
-
-
-def run_hf(hf, prompts, params, *, k, args, stop_ids, tag=""):
-    """transformers' prompt-lookup decoding, batch 1 (run (c))."""
-    from tqdm import tqdm
-
-    # forward calls (steps) and the time of the first one of each generate (its prefill)
-    calls, in_generate, started, prefill = [0], [0], [0.0], [0.0]
-
-    def pre_hook(*_):
-        started[0] = time.perf_counter()
-
-    def hook(*_):
-        calls[0] += 1
-        in_generate[0] += 1
-        if in_generate[0] == 1:
-            prefill[0] += time.perf_counter() - started[0]
-
-    handles = [hf.register_forward_pre_hook(pre_hook), hf.register_forward_hook(hook)]
-    outs, tokens, seconds = [], 0, 0.0
-    total = sum(p.max_tokens for p in params)
-    with (
-        torch.inference_mode(),
-        tqdm(total=total, desc="(c) transformers" + tag, unit="tok", file=sys.stderr) as bar,
-    ):
-        # warm-up (not timed)
-        hf.generate(
-            torch.tensor([prompts[0]]), max_new_tokens=2, do_sample=False, pad_token_id=stop_ids[0]
-        )
-        calls[0], prefill[0] = 0, 0.0
-        for ids, sp in zip(prompts, params, strict=True):
-            in_generate[0] = 0
-            kw = dict(do_sample=False)
-            if sp.temperature > 0:
-                torch.manual_seed(sp.seed)
-                kw = dict(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=0)
-            if k > 0:
-                kw.update(prompt_lookup_num_tokens=k, max_matching_ngram_size=args.max_n)
-            x = torch.tensor([ids])
-            t0 = time.perf_counter()
-            y = hf.generate(
-                x,
-                max_new_tokens=sp.max_tokens,
-                eos_token_id=list(stop_ids),
-                pad_token_id=stop_ids[0],
-                **kw,
-            )
-            seconds += time.perf_counter() - t0
-            out = y[0, len(ids) :].tolist()
-            outs.append(out)
-            tokens += len(out)
-            bar.update(len(out))
-    for h in handles:
-        h.remove()
-    steps = calls[0]
-    label = (
-        f"(c) transformers generate(prompt_lookup_num_tokens={k})"
-        if k
-        else "(c) transformers generate()"
-    )
-    return outs, Row(
-        label,
-        1,
-        k,
-        tokens,
-        seconds,
-        tokens / max(steps, 1),
-        (tokens - steps) / max(steps, 1),
-        prefill[0],
-    )
-
-
-def first_divergence(model, prompt, a: list[int], b: list[int]):
-    """``None`` if equal, else (index, token_a, token_b, logit gap) at the first difference.
-
-    The gap is ``logit[token_a] - logit[token_b]`` from one teacher-forced pass over the
-    prompt plus the common prefix; a gap near 0 means a near tie that rounding decided.
-    """
-    if a == b:
-        return None
-    i = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    ta = a[i] if i < len(a) else None
-    tb = b[i] if i < len(b) else None
-    gap = float("nan")
-    if ta is not None and tb is not None:
-        logits = model.score(prompt + a[:i])[-1]
-        gap = float(logits[ta] - logits[tb])
-    return i, ta, tb, gap
-
-
-def format_table(rows: list[Row], base: Row) -> str:
-    head = (
-        "| run | batch | k | new tokens | seconds | tokens/s | decode tokens/s | tokens/step "
-        "| accepted drafts/step | speedup vs (a) |"
-    )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        sp = r.tokens_per_s / base.tokens_per_s if base.tokens_per_s else float("nan")
-        lines.append(
-            f"| {r.label} | {r.batch} | {r.k} | {r.tokens} | {r.seconds:.2f} | "
-            f"{r.tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {r.tokens_per_step:.2f} | "
-            f"{r.accepted_per_step:.2f} | "
-            f"{sp:.2f}x |"
-        )
-    return "\n".join(lines)
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -439,13 +306,25 @@ def run(argv: list[str] | None = None) -> int:
     # Every run is repeated --repeats times, interleaved, and the fastest repeat is kept:
     # on a small shared machine a single run can be slowed down by anything else running.
     B = args.batch_size
-    plan = [
-        ("a", "(a) engine, no speculation", 0, 1),
-        ("b", "(b) engine, n-gram speculation", args.k, 1),
-        ("c", None, args.k, 1),
-        ("d", "(d) engine, no speculation", 0, B),
-        ("e", "(e) engine, n-gram speculation", args.k, B),
+    T_s = args.sampled_temperature
+    sampled = [
+        SamplingParams(
+            max_tokens=args.max_tokens, temperature=T_s, top_p=args.top_p, seed=args.seed + i
+        )
+        for i in range(len(prompts))
     ]
+    plan = [  # key, label, k, batch, params, base of the speedup column
+        ("a", "(a) engine, no speculation", 0, 1, params, None),
+        ("b", "(b) engine, n-gram speculation", args.k, 1, params, None),
+        ("c", None, args.k, 1, params, None),
+        ("d", "(d) engine, no speculation", 0, B, params, None),
+        ("e", "(e) engine, n-gram speculation", args.k, B, params, None),
+    ]
+    if T_s > 0:
+        plan += [
+            ("f", "(f) engine, no speculation, sampled", 0, 1, sampled, None),
+            ("g", "(g) engine, n-gram speculation, sampled", args.k, 1, sampled, "(f)"),
+        ]
     hf = None
     if not args.skip_hf:
         from examples.engine.model import load_hf_model
@@ -454,27 +333,29 @@ def run(argv: list[str] | None = None) -> int:
     runs = {}
     for rep in range(args.repeats):
         tag = f" [{rep + 1}/{args.repeats}]" if args.repeats > 1 else ""
-        for key, label, kk, bb in plan:
+        for key, label, kk, bb, pp, base in plan:
             if key == "c":
                 if hf is None:
                     continue
-                outs, row = run_hf(hf, prompts, params, k=kk, args=args, stop_ids=stop_ids, tag=tag)
+                outs, row = run_hf(hf, prompts, pp, k=kk, args=args, stop_ids=stop_ids, tag=tag)
                 result = (outs, None, row)
             else:
                 result = run_engine(
                     model,
                     prompts,
-                    params,
+                    pp,
                     label=label,
                     k=kk,
                     batch=bb,
                     args=args,
                     stop_ids=stop_ids,
                     tag=tag,
+                    base=base,
                 )
             if key not in runs or result[2].tokens_per_s > runs[key][2].tokens_per_s:
                 runs[key] = result
-    hf_outs = runs["c"][0] if "c" in runs else None
+    if "g" in runs:  # the label the table shows for its base
+        runs["g"][2].base = runs["f"][2].label
 
     comps_a, comps_b = runs["a"][0], runs["b"][0]
     out = []
@@ -487,71 +368,27 @@ def run(argv: list[str] | None = None) -> int:
         out.append(tok.decode(c.token_ids, skip_special_tokens=True))
     print("\n".join(out), flush=True)
 
-    rows = [runs["a"][2], runs["b"][2]]
-    if hf_outs is not None:
-        rows.append(runs["c"][2])
-    rows += [runs["d"][2], runs["e"][2]]
-    table = format_table(rows, runs["a"][2])
-
-    verdict = []
+    table = format_table([runs[key][2] for key in "abcdefg" if key in runs])
+    tokens = {key: [c.token_ids for c in r[0]] if key != "c" else r[0] for key, r in runs.items()}
     greedy = args.temperature == 0
-    if greedy:
-        base = [c.token_ids for c in comps_a]
-        checks = [
-            ("(b) speculation, batch 1", runs["b"][0]),
-            (f"(d) no speculation, batch {B}", runs["d"][0]),
-            (f"(e) speculation, batch {B}", runs["e"][0]),
-        ]
-        for what, comps in checks:
-            diffs = []
-            for i, c in enumerate(comps):
-                d = first_divergence(model, prompts[i], base[i], c.token_ids)
-                if d is not None:
-                    diffs.append((i, d))
-            same = len(comps) - len(diffs)
-            line = (
-                f"- {what} vs (a): {same}/{len(comps)} prompts identical token for token "
-                f"({args.dtype})"
-            )
-            for i, (j, ta, tb, gap) in diffs:
-                line += (
-                    f"; {named[i][0]}: first divergence at output token {j} "
-                    f"({ta} vs {tb}), logit gap {gap:.3g}"
-                )
-            verdict.append(line)
-        if hf_outs is not None:
-            same = sum(a == b for a, b in zip(base, hf_outs, strict=True))
-            verdict.append(
-                f"- (c) transformers vs (a): {same}/{len(base)} prompts identical "
-                "token for token (different kernels: a near-tie may round the "
-                "other way)"
-            )
-    else:
-        verdict.append(
-            f"- sampled decoding (temperature {args.temperature}): with and without "
-            "speculation the outputs are draws from the same distribution, not equal tokens"
-        )
-        # A request's randomness depends on its seed and positions only, not on its batch
-        # row: batch 1 and batch B give the same tokens unless rounding moves a CDF boundary.
-        for what, x, y in (
-            (f"(d) vs (a), k=0, batch {B} vs 1", "d", "a"),
-            (f"(e) vs (b), k={args.k}, batch {B} vs 1", "e", "b"),
-        ):
-            same = sum(
-                c.token_ids == d.token_ids for c, d in zip(runs[x][0], runs[y][0], strict=True)
-            )
-            verdict.append(f"- {what}: {same}/{len(prompts)} prompts identical token for token")
-    ra, rb = runs["a"][2], runs["b"][2]
-    summary = (
-        f"n-gram speculation (k={args.k}) vs none, batch 1: "
-        f"{rb.tokens_per_s / ra.tokens_per_s:.2f}x tokens/s end to end, "
-        f"{rb.decode_tokens_per_s / ra.decode_tokens_per_s:.2f}x in the decode steps "
-        f"({rb.tokens_per_step:.2f} tokens per step)"
+    verdict = verdict_lines(
+        tokens,
+        [n for n, _ in named],
+        k=args.k,
+        batch=B,
+        kind=f"greedy, {args.dtype}" if greedy else f"temperature {args.temperature}",
+        greedy=greedy,
+        score=model.score if greedy else None,  # the logit gap at a greedy divergence
+        prompts=prompts,
+        sampled_temperature=T_s,
+    )
+    summaries = summary_lines(
+        {key: r[2] for key, r in runs.items()}, k=args.k, sampled_temperature=T_s
     )
     print()
     print(table)
     print()
-    print(summary)
+    print("\n".join(summaries))
     print("\n".join(verdict), flush=True)
 
     if not args.no_results:
@@ -561,47 +398,26 @@ def run(argv: list[str] | None = None) -> int:
         import transformers
 
         flags = sys.argv[1:] if argv is None else list(argv)
-        cmd = " ".join(["python -m examples.engine", *flags])
-        per_prompt = [
-            "| prompt | prompt tokens | new tokens | steps (a) | steps (b) |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for (name, _), ca, cb in zip(named, comps_a, comps_b, strict=True):
-            per_prompt.append(
-                f"| {name} | {cb.prompt_len} | {len(cb.token_ids)} | {ca.steps} | {cb.steps} |"
-            )
-        text = "\n".join(
-            [
-                f"# Example engine: n-gram speculative decoding on SmolLM2-135M-Instruct "
-                f"({now:%Y-%m-%d %H:%M} UTC)",
-                "",
-                f"Command: `{cmd}`",
-                "",
-                f"Machine: {machine_name(threads)} ({os.cpu_count()} cores, {threads} torch "
-                f"threads; load average {load_before} before, {load_average()} after); "
-                f"torch {torch.__version__}, "
-                f"transformers {transformers.__version__}; weights {args.dtype}; "
-                f"{len(prompts)} prompts ({args.prompts.name}), max {args.max_tokens} new tokens "
-                f"each, k={args.k}, n in [{args.min_n}, {args.max_n}], "
-                f"temperature {args.temperature}, top-p {args.top_p}.",
-                "",
-                table,
-                "",
-                summary + ".",
-                "",
-                *verdict,
-                "",
-                f"seconds and tokens/s: wall time of the fastest of {args.repeats} interleaved "
-                "repeats of each run, prefill included (model loading and a warm-up "
-                "excluded); decode tokens/s: the same tokens over the time "
-                "outside prefill forwards (transformers: outside the first forward of each "
-                "generate). tokens/step: output tokens per request per forward pass "
-                "(transformers: per `forward` call, its prefill included); accepted "
-                "drafts/step: draft tokens the verifier kept per request per step.",
-                "",
-                *per_prompt,
-                "",
-            ]
+        per_prompt = per_prompt_table([n for n, _ in named], comps_a, comps_b)
+        machine = (
+            f"Machine: {machine_name(threads)} ({os.cpu_count()} cores, {threads} torch "
+            f"threads; load average {load_before} before, {load_average()} after); "
+            f"torch {torch.__version__}, transformers {transformers.__version__}; weights "
+            f"{args.dtype}; {len(prompts)} prompts ({args.prompts.name}), max "
+            f"{args.max_tokens} new tokens each, k={args.k}, n in [{args.min_n}, "
+            f"{args.max_n}], temperature {args.temperature} ((f), (g): {T_s:g}, seeds "
+            f"{args.seed} + prompt index), top-p {args.top_p}."
+        )
+        text = results_markdown(
+            title="Example engine: n-gram speculative decoding on SmolLM2-135M-Instruct "
+            f"({now:%Y-%m-%d %H:%M} UTC)",
+            command=" ".join(["python -m examples.engine", *flags]),
+            machine=machine,
+            table=table,
+            summaries=summaries,
+            verdict=verdict,
+            repeats=args.repeats,
+            per_prompt=per_prompt,
         )
         write_atomic(path, text)
         print(f"wrote {path}")
