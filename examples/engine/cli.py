@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from examples.engine.engine import DRAFT_POLICIES
 from examples.engine.hf_baseline import run_hf
 from examples.engine.model import EXTRA_HINT, ModelError
 from examples.engine.report import (
@@ -82,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         dest="k",
         help="draft tokens per step (default 4; 0 = no speculation)",
+    )
+    p.add_argument(
+        "--draft-policy",
+        choices=DRAFT_POLICIES,
+        default="adaptive",
+        help="drafts a request verifies: all proposed (fixed), what plan_draft_lengths finds "
+        "worth the verify cost calibrated at start-up (adaptive, default), none",
     )
     p.add_argument("--min-n", type=int, default=1, help="shortest n-gram matched (default 1)")
     p.add_argument("--max-n", type=int, default=3, help="longest n-gram matched (default 3)")
@@ -192,13 +200,12 @@ def tokenize(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
-def run_engine(
-    model, prompts, params, *, label, k, batch, args, stop_ids, show=True, tag="", base=None
-):
-    from tqdm import tqdm
-
+def new_engine(model, *, k, batch, args, stop_ids, verify_costs=None):
+    """The engine of one run; with speculation it follows ``--draft-policy``, and the adaptive
+    policy's cost table is measured once per batch size (``verify_costs`` caches it)."""
     from examples.engine.engine import Engine
 
+    policy = args.draft_policy if k > 0 else "fixed"
     eng = Engine(
         model,
         max_batch_size=batch,
@@ -207,6 +214,35 @@ def run_engine(
         min_n=args.min_n,
         max_n=args.max_n,
         stop_token_ids=stop_ids,
+        draft_policy=policy,
+    )
+    if policy == "adaptive":
+        costs = verify_costs if verify_costs is not None else {}
+        if (batch, k) not in costs:
+            costs[(batch, k)] = (eng.calibrate(), eng.calibration_seconds)
+        eng.verify_cost = costs[(batch, k)][0]
+    return eng
+
+
+def run_engine(
+    model,
+    prompts,
+    params,
+    *,
+    label,
+    k,
+    batch,
+    args,
+    stop_ids,
+    show=True,
+    tag="",
+    base=None,
+    verify_costs=None,
+):
+    from tqdm import tqdm
+
+    eng = new_engine(
+        model, k=k, batch=batch, args=args, stop_ids=stop_ids, verify_costs=verify_costs
     )
     total = sum(p.max_tokens for p in params)
     with tqdm(total=total, desc=label + tag, unit="tok", file=sys.stderr, disable=not show) as bar:
@@ -225,6 +261,7 @@ def run_engine(
         stats.prefill_seconds,
         temperature=params[0].temperature,
         base=base,
+        verified_per_step=stats.verified_per_step,
     )
     return comps, stats, row
 
@@ -238,22 +275,14 @@ def run(argv: list[str] | None = None) -> int:
 
     from examples.engine.engine import Engine, EngineError, SamplingParams
     from examples.engine.llama import Llama, LlamaConfig
-    from examples.engine.model import load_model
+    from examples.engine.model import load_model, stop_token_ids
 
     load_before = load_average()
     t0 = time.perf_counter()
     loaded = load_model(args.model_path)
     tok = loaded.tokenizer
     prompts = [tokenize(tok, text) for _, text in named]
-    eos = {
-        tok.eos_token_id,
-        *(
-            [loaded.config.get("eos_token_id")]
-            if isinstance(loaded.config.get("eos_token_id"), int)
-            else loaded.config.get("eos_token_id") or []
-        ),
-    }
-    stop_ids = sorted(t for t in eos if t is not None)
+    stop_ids = stop_token_ids(loaded)
     dtype = DTYPES[args.dtype]
     model = Llama(LlamaConfig.from_dict(loaded.config), loaded.state_dict, dtype=dtype)
     params = [
@@ -289,6 +318,17 @@ def run(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
+    # The adaptive policy's cost model: forward passes of 1 .. B*(k+1) tokens, timed once
+    # per batch size before any run (reported apart, not part of any run's time).
+    verify_costs: dict = {}
+    if args.k > 0 and args.draft_policy == "adaptive":
+        for bb in sorted({1, args.batch_size}):
+            new_engine(
+                model, k=args.k, batch=bb, args=args, stop_ids=stop_ids, verify_costs=verify_costs
+            )
+        calib = ", ".join(f"batch {b}: {s:.1f} s" for (b, _), (_, s) in verify_costs.items())
+        print(f"verify-cost calibration ({calib})", flush=True)
+
     # Warm-up (not timed): first calls allocate and pick kernels.
     for kk in sorted({0, args.k}):
         run_engine(
@@ -301,6 +341,7 @@ def run(argv: list[str] | None = None) -> int:
             args=args,
             stop_ids=stop_ids,
             show=False,
+            verify_costs=verify_costs,
         )
 
     # Every run is repeated --repeats times, interleaved, and the fastest repeat is kept:
@@ -351,6 +392,7 @@ def run(argv: list[str] | None = None) -> int:
                     stop_ids=stop_ids,
                     tag=tag,
                     base=base,
+                    verify_costs=verify_costs,
                 )
             if key not in runs or result[2].tokens_per_s > runs[key][2].tokens_per_s:
                 runs[key] = result
@@ -404,7 +446,8 @@ def run(argv: list[str] | None = None) -> int:
             f"threads; load average {load_before} before, {load_average()} after); "
             f"torch {torch.__version__}, transformers {transformers.__version__}; weights "
             f"{args.dtype}; {len(prompts)} prompts ({args.prompts.name}), max "
-            f"{args.max_tokens} new tokens each, k={args.k}, n in [{args.min_n}, "
+            f"{args.max_tokens} new tokens each, k={args.k} (draft policy "
+            f"{args.draft_policy}), n in [{args.min_n}, "
             f"{args.max_n}], temperature {args.temperature} ((f), (g): {T_s:g}, seeds "
             f"{args.seed} + prompt index), top-p {args.top_p}."
         )

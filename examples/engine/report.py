@@ -29,6 +29,8 @@ class Row:
     temperature: float = 0.0
     base: str | None = None
     """label of the run whose tokens/s this one's speedup is against (None: the table's first)"""
+    verified_per_step: float = 0.0
+    """draft tokens verified per request per step (what the draft policy chose)"""
 
     @property
     def tokens_per_s(self) -> float:
@@ -99,9 +101,9 @@ def format_table(rows: list[Row]) -> str:
     by_label = {r.label: r for r in rows}
     head = (
         "| run | batch | k | temperature | new tokens | seconds | tokens/s | decode tokens/s "
-        "| tokens/step | accepted drafts/step | speedup |"
+        "| tokens/step | drafts verified/step | accepted drafts/step | speedup |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         base = by_label.get(r.base, rows[0]) if r.base else rows[0]
         sp = r.tokens_per_s / base.tokens_per_s if base.tokens_per_s else float("nan")
@@ -109,7 +111,8 @@ def format_table(rows: list[Row]) -> str:
         lines.append(
             f"| {r.label} | {r.batch} | {r.k} | {r.temperature:g} | {r.tokens} | "
             f"{r.seconds:.2f} | {r.tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | "
-            f"{r.tokens_per_step:.2f} | {r.accepted_per_step:.2f} | {sp:.2f}x vs {ref} |"
+            f"{r.tokens_per_step:.2f} | {r.verified_per_step:.2f} | {r.accepted_per_step:.2f} | "
+            f"{sp:.2f}x vs {ref} |"
         )
     return "\n".join(lines)
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from examples.engine.cli import DEFAULT_PROMPTS, load_prompts, machine_name, tokenize, write_atomic
+from examples.engine.cli import DEFAULT_PROMPTS, load_prompts, tokenize
+from examples.engine.report import machine_name, write_atomic
 
 POLICIES = ("none", "fixed", "adaptive")
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
