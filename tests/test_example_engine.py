@@ -115,6 +115,24 @@ def test_sampled_speculation_matches_plain_decoding_float64(loaded, model64, pro
     assert s4.accepted > 0 and s4.steps < s0.steps  # drafts were accepted: fewer steps
 
 
+def test_adaptive_draft_policy_keeps_greedy_tokens_float64(loaded, model64, prompts):
+    # The planner changes how many drafts are verified, never which tokens are emitted.
+    # A cost table where a verify token costs a quarter of a pass: drafts with a gain
+    # under ~1/3 are dropped, so the plan varies with the acceptance the engine learns.
+    stop = [loaded.tokenizer.eos_token_id]
+    budget = [32, 24]
+    cost = 1.0 + 0.25 * torch.arange(2 * 5 + 1, dtype=torch.float32)
+    plain, _ = _generate(model64, prompts, k=0, batch=1, max_tokens=budget, stop_ids=stop)
+    eng = Engine(
+        model64, max_batch_size=2, max_model_len=512, num_speculative_tokens=4, min_n=1,
+        max_n=3, stop_token_ids=stop, draft_policy="adaptive", verify_cost=cost,
+    )  # fmt: skip
+    comps, stats = eng.generate(prompts, [SamplingParams(max_tokens=n) for n in budget])
+    assert [c.token_ids for c in comps] == plain
+    assert 0 < stats.verified < stats.drafts  # some drafts verified, some planned away
+    assert stats.accepted > 0 and stats.host_reads == stats.steps
+
+
 def test_sampled_decoding_depends_on_seed_not_on_batch(loaded, model64, prompts):
     # A request's randomness is keyed by its seed and token positions only, so it gets the
     # same tokens alone or in a batch; other seeds give other tokens.
