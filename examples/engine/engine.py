@@ -42,8 +42,11 @@ from specdec_kernels.ops import (
 )
 
 DRAFT_POLICIES = ("none", "fixed", "adaptive")
-ACCEPTANCE_PRIOR = 0.5
-"""The acceptance estimate of a newly admitted request (adaptive policy)."""
+ACCEPTANCE_PRIOR = 0.8
+"""The acceptance estimate of a newly admitted request (adaptive policy). Optimistic on
+purpose: a position is only observed while the drafts before it match, so a request
+throttled to few drafts keeps the prior at its deeper positions; a request whose drafts
+do not match learns that at position 0 within a few steps and stops drafting."""
 
 
 @dataclass
@@ -243,12 +246,13 @@ class Engine:
     # ------------------------------------------------------------------ cost model
 
     @torch.inference_mode()
-    def calibrate(self, *, context_len: int = 256, repeats: int = 3) -> torch.Tensor:
+    def calibrate(self, *, context_len: int = 256, repeats: int = 5) -> torch.Tensor:
         """Measure the verify pass of this model on this machine; returns the cost table.
 
         Times ``Llama.forward`` (logits included) for ``n`` query tokens spread over
         ``min(n, R)`` requests of ``context_len`` cached tokens each, for ``n`` on a
-        geometric grid from 1 to ``R * (k + 1)`` (median of ``repeats`` after a warm-up),
+        geometric grid from 1 to ``R * (k + 1)`` (the fastest of ``repeats`` after a
+        warm-up: on a shared machine the minimum is the least disturbed estimate),
         and interpolates linearly: ``verify_cost[n]`` in seconds, float32
         ``[R * (k + 1) + 1]``, non-decreasing. Uses the engine's KV blocks, so call it
         between :meth:`generate` calls. Stores the table and the time it took
@@ -292,7 +296,7 @@ class Engine:
                     t0 = time.perf_counter()
                     run()
                     samples.append(time.perf_counter() - t0)
-                times.append(sorted(samples)[len(samples) // 2])
+                times.append(min(samples))
         finally:
             self.cache.allocator.free(blocks)
         self.verify_cost = _interpolate(grid, times, n_max).to(dev)
