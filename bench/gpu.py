@@ -335,6 +335,132 @@ def _bench_small(rows, op_name, label, op, base, nbytes, graphs, *, base_graph=T
             rows.add(op_name, label, "torch", "graph", q, nbytes)
 
 
+# ----------------------------------------------------------------------------- ngram_index
+
+
+def time_steps(fn, *, calls: int = 100, warmup: int = 10):
+    """(q25, median, q75) µs of ``calls`` back-to-back calls of a state-mutating ``fn``,
+    each bracketed by CUDA events (``do_bench`` would call it an unknown number of times)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    pairs = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(calls)
+    ]
+    for a, b in pairs:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    ms = sorted(a.elapsed_time(b) for a, b in pairs)
+    q = lambda f: ms[min(len(ms) - 1, int(f * len(ms)))] * 1e3  # noqa: E731
+    return (q(0.25), q(0.5), q(0.75))
+
+
+def bench_ngram_index(rows: Rows, specs, *, graphs: bool = True) -> None:
+    """One decoding step (commit k + 1 tokens, ``ngram_index_extend``, ``ngram_index_propose``)
+    on the device at bench/cases_ngram_index.py's shapes, against the full rescan
+    (``ngram_propose`` on the device, numba on the host); initial indexing timed once."""
+    numba_fn = None
+    if cases_ngram.numba_available():
+        from bench.baselines.ngram_numba import ngram_propose_numba
+
+        numba_fn = ngram_propose_numba
+    for spec in specs:
+        _ngram_index_case(rows, spec, numba_fn, graphs)
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _ngram_index_case(rows, spec, numba_fn, graphs) -> None:
+    from bench import cases_ngram_index as cases
+    from specdec_kernels.ops import (
+        new_ngram_index,
+        ngram_index_build,
+        ngram_index_extend,
+        ngram_index_propose,
+        ngram_propose,
+    )
+
+    B, L, k, C = spec["B"], spec["L"], spec["k"], spec["corpus"]
+    label = f"B={B} L={L} k={k} corpus={C}"
+    calls = 100
+    room = 2 * (calls + 20) * (k + 1) + 8
+    tok, _ = data.ngram_histories(B, L + room)  # real text past L: the committed tokens
+    nt = torch.full((B,), L, dtype=torch.int32)
+    gtok, gnt = tok.to(DEVICE), nt.to(DEVICE)
+    nk = {"min_n": cases.MIN_N, "max_n": cases.MAX_N}
+    index = new_ngram_index(B, L + room, device=DEVICE, **nk)
+    _sync()
+    t0 = time.perf_counter()
+    ngram_index_build(gtok, gnt, index)
+    _sync()
+    build_s = time.perf_counter() - t0
+    corpus = cpu_corpus = None
+    if C:
+        cpu_corpus, _ = cases._corpus(C)
+        fields = ("tokens", "meta", "index", "state")
+        corpus = cpu_corpus._replace(**{f: getattr(cpu_corpus, f).to(DEVICE) for f in fields})
+    kw = {**nk, "num_speculative_tokens": k}
+    # checks: the device index's own-history proposals == ngram_propose on the CPU; with a
+    # corpus, the device proposals == the CPU path's over the same index and corpus
+    got = ngram_index_propose(gtok, gnt, index, num_speculative_tokens=k)
+    want = ngram_propose(tok, nt, **kw)
+    assert _equal(tuple(got[:3]), tuple(want)), f"ngram_index CUDA != ngram_propose at {label}"
+    note = f"ngram_index {label}: CUDA index proposals == ngram_propose (CPU) exactly"
+    if corpus is not None:
+        cpu_index = index._replace(table=index.table.cpu(), length=index.length.cpu())
+        got_c = ngram_index_propose(gtok, gnt, index, num_speculative_tokens=k, corpus=corpus)
+        want_c = ngram_index_propose(
+            tok, nt, cpu_index, num_speculative_tokens=k, corpus=cpu_corpus
+        )
+        assert _equal(tuple(got_c), tuple(want_c)), f"ngram_index corpus CUDA != CPU at {label}"
+        note += "; with the corpus CUDA == CPU path exactly"
+    rows.note(f"{note}; initial indexing of {B} x {L} tokens {build_s * 1e3:.1f} ms")
+
+    def step():
+        gnt.add_(k + 1)  # the commit (a real engine's commit_accepted_tokens)
+        ngram_index_extend(gtok, gnt, index)
+        return ngram_index_propose(gtok, gnt, index, num_speculative_tokens=k, corpus=corpus)
+
+    nbytes = cases.bytes_moved(B, k, corpus is not None)
+    rows.add("ngram_index step", label, "op", "events", time_steps(step, calls=calls), nbytes)
+    if graphs:
+        q = _graph_steps(step, calls)
+        if q is not None:
+            rows.add("ngram_index step", label, "op", "graph", q, nbytes)
+    scan = lambda: ngram_propose(gtok, gnt, **kw)  # noqa: E731
+    rows.add("ngram_index step", label, "ngram_propose", "bench", time_kernel(scan), nbytes)
+    if numba_fn is not None:
+        tn, ln = tok.numpy(), gnt.cpu().numpy()
+        q = time_host(lambda: numba_fn(tn, ln, **kw))
+        rows.add("ngram_index step", label, "numba (host)", "host", q, nbytes)
+
+
+def _graph_steps(step, calls):
+    """The step captured in a CUDA graph and replayed; None if it cannot be captured."""
+    try:
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            step()  # warm-up on the capture stream
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            step()
+        torch.cuda.synchronize()
+        return time_steps(g.replay, calls=calls, warmup=0)
+    except Exception as exc:  # a host sync makes the capture fail
+        print(f"    (no CUDA graph: {type(exc).__name__}: {str(exc)[:80]})", flush=True)
+        torch.cuda.synchronize()
+        return None
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -384,7 +510,7 @@ def render(rows: Rows, *, gpu: str, copy_bw: float, elapsed: float, argv) -> str
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu")
     p.add_argument("--quick", action="store_true", help="a few small shapes")
-    p.add_argument("--only", default="ngram,rejection,bookkeeping")
+    p.add_argument("--only", default="ngram,rejection,bookkeeping,ngram_index")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
@@ -420,6 +546,12 @@ def main(argv=None) -> int:
         if "bookkeeping" in fams:
             batches = (3,) if args.quick else cases_bookkeeping.BATCHES
             bench_bookkeeping(rows, batches, graphs=graphs)
+            write("stopped after bookkeeping")
+        if "ngram_index" in fams:
+            from bench import cases_ngram_index
+
+            specs = cases_ngram_index.QUICK_SPECS if args.quick else cases_ngram_index.SPECS
+            bench_ngram_index(rows, specs, graphs=graphs)
     except KeyboardInterrupt:  # gpu_check.sh's time limit sends SIGINT: keep what we have
         write("interrupted by the time limit")
         print(f"interrupted; partial results in {path}", file=sys.stderr)

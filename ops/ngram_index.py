@@ -74,6 +74,9 @@ class IndexProposal(NamedTuple):
     """int32 ``[B, k]``: the drafts of batch row ``b`` in ``[b, :num_draft_tokens[b]]``, then -1."""
     num_draft_tokens: torch.Tensor
     """int32 ``[B]``: how many drafts row ``b`` got, in ``[0, k]``."""
+    match_len: torch.Tensor
+    """int32 ``[B]``: the ``n`` of the n-gram whose continuation became the drafts, in
+    ``[min_n, max_n]``; 0 for a row that got no draft (as ``ngram_propose``'s)."""
     draft_source: torch.Tensor
     """int8 ``[B]``: 0 no drafts, 1 own history, 2 shared corpus."""
 
@@ -131,6 +134,7 @@ def _propose_fake(
     return (
         token_ids.new_empty((B, num_speculative_tokens), dtype=torch.int32),
         token_ids.new_empty((B,), dtype=torch.int32),
+        token_ids.new_empty((B,), dtype=torch.int32),
         token_ids.new_empty((B,), dtype=torch.int8),
     )
 
@@ -140,7 +144,7 @@ define(
     "Tensor? req_indices, Tensor? max_draft_tokens, Tensor? corpus_tokens, "
     "Tensor? corpus_meta, Tensor? corpus_index, Tensor? corpus_state, *, int min_n, "
     "int max_n, int num_speculative_tokens, int? max_model_len, str tie_break) "
-    "-> (Tensor, Tensor, Tensor)",
+    "-> (Tensor, Tensor, Tensor, Tensor)",
     cpu=_cpu.ngram_index_propose,
     cuda="specdec_kernels.kernels.ngram_index:ngram_index_propose",
     fake=_propose_fake,
@@ -559,7 +563,9 @@ def ngram_index_propose(
     -------
     IndexProposal
         ``draft_token_ids`` int32 ``[B, k]`` (-1 padded), ``num_draft_tokens`` int32
-        ``[B]``, ``draft_source`` int8 ``[B]`` (0 none, 1 own history, 2 corpus).
+        ``[B]``, ``match_len`` int32 ``[B]`` (the winning n, 0 without drafts; equal to
+        ``ngram_propose``'s without a corpus), ``draft_source`` int8 ``[B]`` (0 none, 1 own
+        history, 2 corpus).
 
     Raises
     ------
@@ -614,7 +620,7 @@ def ngram_index_propose(
                 raise ValueError(
                     f"max_draft_tokens must be >= 0, got {int(max_draft_tokens.min())}"
                 )
-    drafts, counts, source = torch.ops.specdec.ngram_index_propose(
+    drafts, counts, match_len, source = torch.ops.specdec.ngram_index_propose(
         token_ids,
         num_tokens.contiguous(),
         index.table,
@@ -628,4 +634,4 @@ def ngram_index_propose(
         max_model_len=max_model_len,
         tie_break=tie_break,
     )
-    return IndexProposal(drafts, counts, source)
+    return IndexProposal(drafts, counts, match_len, source)

@@ -142,7 +142,7 @@ def _full_scan(tok, nt, req=None, cap=None, *, min_n, max_n, k, mml=None, tie="f
         max_draft_tokens=cap,
         tie_break=tie,
     )
-    return out.draft_token_ids, out.num_draft_tokens
+    return out.draft_token_ids, out.num_draft_tokens, out.match_len
 
 
 # ----------------------------------------------------------------------------- own history
@@ -165,7 +165,8 @@ def test_own_history_matches_full_scan_on_named_rows(impl, tie, kernel_device):
     got = s.propose(tok, nt, k=3, corpus=False, tie=tie)
     want = _full_scan(tok, nt, min_n=2, max_n=3, k=3, tie=tie)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert got[2].tolist() == [1 if c > 0 else 0 for c in want[1].tolist()]
+    assert torch.equal(got[2], want[2])  # match_len
+    assert got[3].tolist() == [1 if c > 0 else 0 for c in want[1].tolist()]
 
 
 @pytest.mark.parametrize("impl", RAW)
@@ -279,14 +280,14 @@ def test_corpus_drafts_when_own_history_has_nothing(impl, kernel_device):
     d, n = _docs([[5, 6, 7, 8, 9, 10]])
     s.append(d, n)
     out = _propose_one(s, [1, 6, 7])
-    assert _drafts(out) == [8, 9, 10] and out[2].tolist() == [2]  # stops at the document end
+    assert _drafts(out) == [8, 9, 10] and out[3].tolist() == [2]  # stops at the document end
 
 
 @pytest.mark.parametrize("impl", RAW)
 def test_corpus_empty_gives_own_history_only(impl, kernel_device):
     s = _corpus_state(impl, kernel_device, C=8)
     out = _propose_one(s, [1, 2, 1])
-    assert _drafts(out) == [2, 1] and out[2].tolist() == [1]
+    assert _drafts(out) == [2, 1] and out[3].tolist() == [1]
 
 
 @pytest.mark.parametrize("impl", RAW)
@@ -411,7 +412,7 @@ def test_corpus_full_and_padding_rows(impl, kernel_device):
     req = torch.tensor([-1, 0, 1, 2], dtype=torch.int32)
     out = s.propose(tok, nt, req, k=3)
     assert [_drafts(out, b) for b in range(4)] == [[], [2, 3, 4], [9], [3, 4]]
-    assert out[2].tolist() == [0, 2, 1, 2]
+    assert out[3].tolist() == [0, 2, 1, 2] and out[2].tolist() == [0, 1, 2, 1]
 
 
 def _random_corpus_run(impl, seed, device, *, calls=4):
@@ -560,7 +561,7 @@ def test_own_history_index_equals_full_scan_under_any_schedule(case):
     got, want = _replay("cpu", case, None, with_corpus=False)
     for g_, w in zip(got, want, strict=True):
         assert torch.equal(g_[0], w[0]) and torch.equal(g_[1], w[1]), (g_, w)
-        assert torch.equal(g_[2] > 0, w[1] > 0)
+        assert torch.equal(g_[2], w[2]) and torch.equal(g_[3] > 0, w[1] > 0)
 
 
 @settings(max_examples=12)
@@ -569,6 +570,7 @@ def test_triton_own_history_index_equals_full_scan_under_any_schedule(case):
     got, want = _replay("triton", case, None, with_corpus=False)
     for g_, w in zip(got, want, strict=True):
         assert torch.equal(g_[0], w[0]) and torch.equal(g_[1], w[1]), (g_, w)
+        assert torch.equal(g_[2], w[2]), (g_, w)
 
 
 @settings(max_examples=25)

@@ -19,6 +19,8 @@ window, then the corpus's two slots) and picks per row the longest n (own histor
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from specdec_kernels.reference.ngram_index import (
@@ -33,6 +35,12 @@ from specdec_kernels.reference.ngram_index import (
 
 _WINDOW = 4  # slots read per probe round
 _CHUNK = 1 << 19  # n-gram inserts per round batch (bounds the scratch of long prefills)
+
+
+@functools.lru_cache(maxsize=256)
+def _ar(start: int, stop: int | None = None) -> torch.Tensor:
+    """A cached ``torch.arange`` (never written to): a step uses ~20 small constant ones."""
+    return torch.arange(start) if stop is None else torch.arange(start, stop)
 
 
 def hash_ngrams(tok: torch.Tensor, n: torch.Tensor | int) -> torch.Tensor:
@@ -61,7 +69,7 @@ def mix2(h: torch.Tensor) -> torch.Tensor:
 
 def _batch_rows(req_indices: torch.Tensor | None, R: int) -> torch.Tensor:
     if req_indices is None:
-        return torch.arange(R)
+        return _ar(R)
     rows = req_indices.long()
     return rows[rows >= 0]
 
@@ -114,7 +122,7 @@ def _probe(tab, tokens, S, slot_base, pos, rows, key, beyond):
     occupied slots (``beyond[m, t]``: column ``t`` is past the key's n).
     """
     m = pos.numel()
-    local = pos[:, None] + torch.arange(_WINDOW)
+    local = pos[:, None] + _ar(_WINDOW)
     local = torch.where(local >= S, local - S, local)  # pos < S, so one wrap at most
     slot = slot_base[:, None] + local  # [m, W]
     first = tab.index_select(0, (2 * slot).view(-1))  # [m * W]
@@ -123,7 +131,7 @@ def _probe(tab, tokens, S, slot_base, pos, rows, key, beyond):
     fi = _where_idx(occ)
     if fi.numel():
         ki = torch.div(fi, _WINDOW, rounding_mode="floor")
-        t = torch.arange(key.shape[1])
+        t = _ar(key.shape[1])
         cand = tokens.at(_take(rows, ki)[:, None], _take(first, fi).long()[:, None] + t)
         eq = (cand == _take(key, ki)) | _take(beyond, ki)
         same.index_copy_(0, fi, _all_columns(eq))
@@ -142,7 +150,7 @@ def _insert(tokens, tab, S, N, rows, js, starts, ns, max_n):
     M = rows.numel()
     if M == 0:
         return
-    t = torch.arange(max_n)
+    t = _ar(max_n)
     key = tokens.at(rows[:, None], starts[:, None] + t)
     beyond = t >= ns[:, None]
     h = hash_ngrams(key.long(), ns)
@@ -195,7 +203,7 @@ def _index_rows(token_ids, num_tokens, req_indices, index, index_len, *, min_n, 
     else:
         old = index_len.index_select(0, rows).long()
     max_n = min_n + N - 1
-    ns = torch.arange(min_n, max_n + 1)
+    ns = _ar(min_n, max_n + 1)
     # n-gram (n, i) joins once token i + n exists: i in [max(old - n, 0), L - n)
     lo = (old[:, None] - ns).clamp(min=0)  # [B', N]
     hi = L[:, None] - ns
@@ -203,7 +211,7 @@ def _index_rows(token_ids, num_tokens, req_indices, index, index_len, *, min_n, 
     step = max(1, _CHUNK // (rows.numel() * N))
     for off in range(0, max(span, 0), step):
         D = min(step, span - off)
-        i = lo[:, :, None] + (off + torch.arange(D))  # [B', N, D]
+        i = lo[:, :, None] + (off + _ar(D))  # [B', N, D]
         flat = _where_idx((i < hi[:, :, None]).view(-1))
         bj = torch.div(flat, D, rounding_mode="floor")
         jj = bj % N
@@ -230,7 +238,7 @@ def _own_lookup(tokens, index, rows, js, key, ns, h):
     """(found, first, last) of each n-gram in its own table (read-only window probes)."""
     R, N, S, _ = index.shape
     tab = index.view(-1)
-    beyond = torch.arange(key.shape[1]) >= ns[:, None]
+    beyond = _ar(key.shape[1]) >= ns[:, None]
     base = (rows * N + js) * S
     pos = mix1(h) % S
     any_hit, slot, found = _probe(tab, tokens, S, base, pos, rows, key, beyond)
@@ -323,7 +331,7 @@ def _corpus_lookup(corpus_tokens, corpus_meta, corpus_index, corpus_state, js, k
     C = corpus_tokens.shape[0]
     N, H = corpus_index.shape
     lo = corpus_state[1]
-    t = torch.arange(key.shape[1])
+    t = _ar(key.shape[1])
     best = torch.full((js.numel(),), -1, dtype=torch.long)
     for s in (mix1(h) % H, mix2(h) % H):
         p = corpus_index[js, s]
@@ -361,12 +369,13 @@ def ngram_index_propose(
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
     drafts = torch.full((B, k), -1, dtype=torch.int32)
     counts = torch.zeros(B, dtype=torch.int32)
+    match_len = torch.zeros(B, dtype=torch.int32)
     source = torch.zeros(B, dtype=torch.int8)
     if B == 0 or k == 0 or num_tokens.numel() == 0 or token_ids.shape[1] == 0:
-        return drafts, counts, source
+        return drafts, counts, match_len, source
     N = max_n - min_n + 1
     if req_indices is None:
-        rows = torch.arange(B)
+        rows = _ar(B)
         active = torch.ones(B, dtype=torch.bool)
     else:
         rows = req_indices.long()
@@ -375,14 +384,14 @@ def ngram_index_propose(
     L = torch.where(active, num_tokens[rows].long(), 0)
 
     # one key per (b, n): the suffix n-gram, where L >= n
-    ns = torch.arange(min_n, max_n + 1)
-    bb = torch.arange(B).repeat_interleave(N)
-    jj = torch.arange(N).repeat(B)
+    ns = _ar(min_n, max_n + 1)
+    bb = _ar(B).repeat_interleave(N)
+    jj = _ar(N).repeat(B)
     nn = ns.repeat(B)
     ok = active[bb] & (L[bb] >= nn)
     bb, jj, nn = bb[ok], jj[ok], nn[ok]
     rr = rows[bb]
-    t = torch.arange(max_n)
+    t = _ar(max_n)
     tokens = _Tokens(token_ids)
     key = tokens.at(rr[:, None], (L[bb] - nn)[:, None] + t)
     key = torch.where(t < nn[:, None], key, 0)
@@ -398,7 +407,7 @@ def ngram_index_propose(
         cfound = torch.zeros_like(own)
         cp = cend = torch.zeros_like(first)
     if bb.numel() == 0:
-        return drafts, counts, source
+        return drafts, counts, match_len, source
     # per row: the highest priority (longest n, own history before the corpus)
     best = torch.full((B,), -1, dtype=torch.long)
     key_b = prio * (bb.numel() + 1) + torch.arange(bb.numel())
@@ -418,7 +427,7 @@ def ngram_index_propose(
     if max_model_len is not None:
         cap = torch.minimum(cap, max_model_len - L)
     m = torch.where(from_own | from_corpus, torch.minimum(cap, avail).clamp(min=0), 0)
-    j = torch.arange(k)
+    j = _ar(k)
     take = j < m[:, None]
     own_tok = tokens.at(rows[:, None], start_own[:, None] + j)
     if corpus_tokens is not None:
@@ -430,4 +439,5 @@ def ngram_index_propose(
     drafts = torch.where(take, tok, -1).to(torch.int32)
     src = torch.where(from_own, OWN, torch.where(from_corpus, CORPUS, 0))
     source = torch.where(m > 0, src, 0).to(torch.int8)
-    return drafts, m.to(torch.int32), source
+    match_len = torch.where(m > 0, n_sel, 0).to(torch.int32)
+    return drafts, m.to(torch.int32), match_len, source

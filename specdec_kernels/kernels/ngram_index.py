@@ -502,6 +502,7 @@ def _index_propose_kernel(
     H,
     drafts_ptr,
     counts_ptr,
+    match_len_ptr,
     source_ptr,
     k,
     max_model_len,
@@ -607,6 +608,7 @@ def _index_propose_kernel(
         tok = tl.where(own_b, tok, ctok)
     tl.store(drafts_ptr + b * k + offs, tl.where(take, tok, -1), mask=offs < k)
     tl.store(counts_ptr + b, m.to(tl.int32))
+    tl.store(match_len_ptr + b, tl.where(m > 0, n_sel, 0).to(tl.int32))
     src = tl.where(from_own, 1, 2)
     tl.store(source_ptr + b, tl.where(m > 0, src, 0).to(tl.int8))
 
@@ -635,11 +637,12 @@ def ngram_index_propose(
     device = token_ids.device
     drafts = _empty((B, k), torch.int32, device)
     counts = _empty((B,), torch.int32, device)
+    match_len = _empty((B,), torch.int32, device)
     source = _empty((B,), torch.int8, device)
     if B == 0:
-        return drafts, counts, source
+        return drafts, counts, match_len, source
     if k == 0:
-        return drafts, counts.zero_(), source.zero_()
+        return drafts, counts.zero_(), match_len.zero_(), source.zero_()
     N = max_n - min_n + 1
     has_corpus = corpus_tokens is not None
     dummy = num_tokens  # never read when the matching HAS_* flag is False
@@ -660,6 +663,7 @@ def ngram_index_propose(
         H=corpus_index.shape[1] if has_corpus else 1,
         drafts_ptr=drafts,
         counts_ptr=counts,
+        match_len_ptr=match_len,
         source_ptr=source,
         k=k,
         max_model_len=max_model_len if max_model_len is not None else 0,
@@ -673,4 +677,4 @@ def ngram_index_propose(
         TIE_LAST=tie_break == "last",
         K_BLOCK=next_pow2(k),
     )
-    return drafts, counts, source
+    return drafts, counts, match_len, source

@@ -250,6 +250,7 @@ def ngram_index_propose(
     B = len(rows)
     drafts = torch.full((B, k), -1, dtype=torch.int32)
     counts = torch.zeros(B, dtype=torch.int32)
+    match_len = torch.zeros(B, dtype=torch.int32)
     source = torch.zeros(B, dtype=torch.int8)
     corpus = None
     if corpus_tokens is not None:
@@ -281,6 +282,7 @@ def ngram_index_propose(
                 continue
             drafts[b, :m] = torch.tensor(out, dtype=torch.int32)
             counts[b] = m
+            match_len[b] = n if m > 0 else 0
             source[b] = src if m > 0 else 0
             break
-    return drafts, counts, source
+    return drafts, counts, match_len, source
