@@ -66,6 +66,17 @@ def check_int(
     return value
 
 
+def check_token_state(token_ids: object, num_tokens: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """The persistent state every op reads: int32 ``token_ids [R, L_max]`` and int32
+    ``num_tokens [R]`` on the same device."""
+    token_ids = check_tensor("token_ids", token_ids, dtype=torch.int32, ndim=2)
+    num_tokens = check_tensor(
+        "num_tokens", num_tokens, dtype=torch.int32, ndim=1, device=token_ids.device
+    )
+    check_shape("num_tokens", num_tokens, (token_ids.shape[0],), "one length per row of token_ids")
+    return token_ids, num_tokens
+
+
 def check_optional_tensor(name: str, t: object, **kw) -> torch.Tensor | None:
     """:func:`check_tensor` for an optional argument: ``None`` passes."""
     return None if t is None else check_tensor(name, t, **kw)

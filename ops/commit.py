@@ -21,6 +21,7 @@ from specdec_kernels.ops._validation import (
     check_req_indices_values,
     check_shape,
     check_tensor,
+    check_token_state,
     check_value_range,
     should_check_values,
 )
@@ -157,11 +158,9 @@ def commit_accepted_tokens(
         ``num_prompt_tokens`` outside ``[0, num_tokens]``; negative ``min_tokens`` or
         ``max_tokens``.
     """
-    token_ids = check_tensor("token_ids", token_ids, dtype=torch.int32, ndim=2)
+    token_ids, num_tokens = check_token_state(token_ids, num_tokens)
     device = token_ids.device
     R, L_max = token_ids.shape
-    num_tokens = check_tensor("num_tokens", num_tokens, dtype=torch.int32, ndim=1, device=device)
-    check_shape("num_tokens", num_tokens, (R,), "one length per row of token_ids")
     output_token_ids = check_tensor(
         "output_token_ids", output_token_ids, dtype=torch.int32, ndim=2, device=device
     )

@@ -13,6 +13,7 @@ from specdec_kernels.ops._validation import (
     check_req_indices_values,
     check_shape,
     check_tensor,
+    check_token_state,
     check_value_range,
     should_check_values,
 )
@@ -136,11 +137,9 @@ def ngram_propose(
         ``num_tokens`` of a batch row's state row outside ``[0, L_max]``,
         ``max_draft_tokens < 0``.
     """
-    token_ids = check_tensor("token_ids", token_ids, dtype=torch.int32, ndim=2)
+    token_ids, num_tokens = check_token_state(token_ids, num_tokens)
     device = token_ids.device
-    num_tokens = check_tensor("num_tokens", num_tokens, dtype=torch.int32, ndim=1, device=device)
     R, L_max = token_ids.shape
-    check_shape("num_tokens", num_tokens, (R,), "one length per row of token_ids")
     B = R
     if req_indices is not None:
         req_indices = check_tensor(
