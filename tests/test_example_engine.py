@@ -133,6 +133,29 @@ def test_adaptive_draft_policy_keeps_greedy_tokens_float64(loaded, model64, prom
     assert stats.accepted > 0 and stats.host_reads == stats.steps
 
 
+def test_shared_corpus_keeps_greedy_tokens_and_drafts_from_finished_requests(loaded, model64):
+    # Batch 1, record prompts (outputs share a format), the first one twice: the repeat
+    # finds its answer in the corpus (the first request, appended when it finished), so it
+    # needs fewer steps; greedy tokens are those of speculation without the corpus (and so
+    # of plain decoding).
+    stop = [loaded.tokenizer.eos_token_id]
+    path = DEFAULT_PROMPTS.with_name("prompts_records.json")
+    recs = [tokenize(loaded.tokenizer, p["prompt"]) for p in json.loads(path.read_text())[:2]]
+    reqs = [recs[0], recs[1], recs[0]]
+    params = [SamplingParams(max_tokens=n) for n in (24, 8, 24)]
+    runs = {}
+    for corpus in (0, 4096):
+        eng = Engine(
+            model64, max_batch_size=1, max_model_len=512, num_speculative_tokens=4, min_n=1,
+            max_n=3, stop_token_ids=stop, corpus_tokens=corpus,
+        )  # fmt: skip
+        runs[corpus] = eng.generate(reqs, params)
+    (plain, _), (with_corpus, s1) = runs[0], runs[4096]
+    assert [c.token_ids for c in with_corpus] == [c.token_ids for c in plain]
+    assert with_corpus[2].steps < plain[2].steps
+    assert s1.host_reads == s1.steps
+
+
 def test_sampled_decoding_depends_on_seed_not_on_batch(loaded, model64, prompts):
     # A request's randomness is keyed by its seed and token positions only, so it gets the
     # same tokens alone or in a batch; other seeds give other tokens.

@@ -35,6 +35,7 @@ from examples.engine.model import EXTRA_HINT, ModelError
 from examples.engine.report import (
     Row,
     format_table,
+    identical_line,
     load_average,
     machine_name,
     per_prompt_table,
@@ -136,6 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats", type=int, default=2, help="repeat each run, keep the fastest (default 2)"
     )
     p.add_argument("--no-results", action="store_true", help="do not write the results file")
+    p.add_argument(
+        "--corpus",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="also run (h): speculation at batch 1 drafting from the own-history index and a "
+        "shared corpus of this many tokens that every finished request joins (default 0: off; "
+        "try --prompts examples/engine/prompts_records.json --corpus 65536)",
+    )
     return p
 
 
@@ -160,6 +170,8 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError(f"--repeats must be >= 1, got {a.repeats}")
     if a.threads < 0:
         raise UsageError(f"--threads must be >= 0, got {a.threads}")
+    if a.corpus < 0:
+        raise UsageError(f"--corpus must be >= 0 (tokens), got {a.corpus}")
     for mod in ("transformers", "safetensors", "tqdm"):
         if importlib.util.find_spec(mod) is None:
             raise UsageError(f"the example needs `{mod}`: run `{EXTRA_HINT}`")
@@ -200,7 +212,7 @@ def tokenize(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text)["input_ids"])
 
 
-def new_engine(model, *, k, batch, args, stop_ids, verify_costs=None):
+def new_engine(model, *, k, batch, args, stop_ids, verify_costs=None, corpus=0):
     """The engine of one run; with speculation it follows ``--draft-policy``, and the adaptive
     policy's cost table is measured once per batch size (``verify_costs`` caches it)."""
     from examples.engine.engine import Engine
@@ -215,6 +227,7 @@ def new_engine(model, *, k, batch, args, stop_ids, verify_costs=None):
         max_n=args.max_n,
         stop_token_ids=stop_ids,
         draft_policy=policy,
+        corpus_tokens=corpus,
     )
     if policy == "adaptive":
         costs = verify_costs if verify_costs is not None else {}
@@ -238,11 +251,18 @@ def run_engine(
     tag="",
     base=None,
     verify_costs=None,
+    corpus=0,
 ):
     from tqdm import tqdm
 
     eng = new_engine(
-        model, k=k, batch=batch, args=args, stop_ids=stop_ids, verify_costs=verify_costs
+        model,
+        k=k,
+        batch=batch,
+        args=args,
+        stop_ids=stop_ids,
+        verify_costs=verify_costs,
+        corpus=corpus,
     )
     total = sum(p.max_tokens for p in params)
     with tqdm(total=total, desc=label + tag, unit="tok", file=sys.stderr, disable=not show) as bar:
@@ -366,6 +386,10 @@ def run(argv: list[str] | None = None) -> int:
             ("f", "(f) engine, no speculation, sampled", 0, 1, sampled, None),
             ("g", "(g) engine, n-gram speculation, sampled", args.k, 1, sampled, "(f)"),
         ]
+    if args.corpus > 0 and args.k > 0:  # finished requests feed the later ones' drafts
+        plan.append(
+            ("h", "(h) engine, n-gram speculation + shared corpus", args.k, 1, params, None)
+        )
     hf = None
     if not args.skip_hf:
         from examples.engine.model import load_hf_model
@@ -393,6 +417,7 @@ def run(argv: list[str] | None = None) -> int:
                     tag=tag,
                     base=base,
                     verify_costs=verify_costs,
+                    corpus=args.corpus if key == "h" else 0,
                 )
             if key not in runs or result[2].tokens_per_s > runs[key][2].tokens_per_s:
                 runs[key] = result
@@ -410,7 +435,7 @@ def run(argv: list[str] | None = None) -> int:
         out.append(tok.decode(c.token_ids, skip_special_tokens=True))
     print("\n".join(out), flush=True)
 
-    table = format_table([runs[key][2] for key in "abcdefg" if key in runs])
+    table = format_table([runs[key][2] for key in "abcdefgh" if key in runs])
     tokens = {key: [c.token_ids for c in r[0]] if key != "c" else r[0] for key, r in runs.items()}
     greedy = args.temperature == 0
     verdict = verdict_lines(
@@ -424,6 +449,18 @@ def run(argv: list[str] | None = None) -> int:
         prompts=prompts,
         sampled_temperature=T_s,
     )
+    if "h" in tokens:
+        verdict.append(
+            identical_line(
+                "(h) speculation + shared corpus, batch 1 vs (a)",
+                tokens["a"],
+                tokens["h"],
+                [n for n, _ in named],
+                suffix=f" ({'greedy' if greedy else 'sampled'}, {args.dtype})",
+                score=model.score if greedy else None,
+                prompts=prompts,
+            )
+        )
     summaries = summary_lines(
         {key: r[2] for key, r in runs.items()}, k=args.k, sampled_temperature=T_s
     )

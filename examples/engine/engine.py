@@ -32,7 +32,13 @@ from specdec_kernels.ops import (
     FINISH_REASON_NAMES,
     commit_accepted_tokens,
     compute_slot_mapping,
+    corpus_append,
     new_acceptance_stats,
+    new_corpus,
+    new_ngram_index,
+    ngram_index_build,
+    ngram_index_extend,
+    ngram_index_propose,
     ngram_propose,
     plan_draft_lengths,
     prepare_verify_inputs,
@@ -183,6 +189,10 @@ class Engine:
     verify_cost : torch.Tensor, optional
         float32 ``[T + 1]``, the cost of a verify pass of ``n`` tokens (seconds), for the
         adaptive policy. Default: measured by :meth:`calibrate`.
+    corpus_tokens : int
+        ``> 0``: draft with the own-history index and a shared corpus of this many tokens
+        (``ngram_index_propose``); every finished request (prompt + output) is appended to
+        it, so later requests can draft from earlier ones. 0 (default): ``ngram_propose``.
     """
 
     def __init__(
@@ -198,6 +208,7 @@ class Engine:
         stop_token_ids: tuple[int, ...] | list[int] = (),
         draft_policy: str = "fixed",
         verify_cost: torch.Tensor | None = None,
+        corpus_tokens: int = 0,
     ):
         if draft_policy not in DRAFT_POLICIES:
             raise EngineError(f"draft_policy must be one of {DRAFT_POLICIES}, got {draft_policy!r}")
@@ -242,6 +253,11 @@ class Engine:
         )
         self.verify_cost = verify_cost
         self.calibration_seconds = 0.0
+        # Shared corpus (issue 11): the own-history index replaces the per-step rescan.
+        self.index = self.corpus = None
+        if corpus_tokens > 0:
+            self.index = new_ngram_index(R, max_model_len, min_n=min_n, max_n=max_n, device=dev)
+            self.corpus = new_corpus(corpus_tokens, min_n=min_n, max_n=max_n, device=dev)
 
     # ------------------------------------------------------------------ cost model
 
@@ -357,6 +373,9 @@ class Engine:
             new.append(_Running(index=i, row=r, prompt_len=n, num_tokens=n, blocks=[]))
         if not new:
             return
+        if self.index is not None:  # index the prompts of the admitted rows
+            rows_new = torch.tensor([q.row for q in new], dtype=torch.int32, device=self.device)
+            ngram_index_build(self.token_ids, self.num_tokens, self.index, rows_new)
         self._grow_blocks(new)
         running += new
         # Prefill: KV for positions 0 .. L-2; the last prompt token is the first query
@@ -401,15 +420,26 @@ class Engine:
         req_indices = torch.tensor([q.row for q in running], dtype=torch.int32, device=dev)
         rows = req_indices.long()
         # k = 0 (plain decoding) runs the same ops: no drafts, one query token per request.
-        drafts, num_drafts, match_len = ngram_propose(
-            self.token_ids,
-            self.num_tokens,
-            req_indices,
-            min_n=self.min_n,
-            max_n=self.max_n,
-            num_speculative_tokens=k,
-            max_model_len=self.max_model_len,
-        )
+        if self.index is not None:
+            drafts, num_drafts, match_len, _ = ngram_index_propose(
+                self.token_ids,
+                self.num_tokens,
+                self.index,
+                req_indices,
+                num_speculative_tokens=k,
+                corpus=self.corpus,
+                max_model_len=self.max_model_len,
+            )
+        else:
+            drafts, num_drafts, match_len = ngram_propose(
+                self.token_ids,
+                self.num_tokens,
+                req_indices,
+                min_n=self.min_n,
+                max_n=self.max_n,
+                num_speculative_tokens=k,
+                max_model_len=self.max_model_len,
+            )
         adaptive = self.draft_policy == "adaptive" and k > 0
         planned = num_drafts
         if adaptive:
@@ -459,6 +489,10 @@ class Engine:
             max_tokens=self.max_tokens[rows],
             max_model_len=self.max_model_len,
         )
+        if self.index is not None:  # the committed tokens' n-grams; finished rows join the corpus
+            ngram_index_extend(self.token_ids, self.num_tokens, self.index, req_indices)
+            done = torch.where(cm.finished, req_indices, -1).to(torch.int32)
+            corpus_append(self.corpus, self.token_ids, self.num_tokens, done)
         if adaptive:  # learn from the drafts as proposed, verified or not
             update_acceptance_stats(
                 self.acceptance,
