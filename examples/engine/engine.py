@@ -444,7 +444,12 @@ class Engine:
         planned = num_drafts
         if adaptive:
             planned = plan_draft_lengths(
-                num_drafts, match_len, self.acceptance, self.verify_cost, req_indices
+                num_drafts,
+                match_len,
+                self.acceptance,
+                self.verify_cost,
+                req_indices,
+                validate=False,  # the engine's own state: no per-step value checks
             ).num_draft_tokens
         vi = prepare_verify_inputs(
             self.token_ids,
@@ -502,6 +507,7 @@ class Engine:
                 rs.output_token_ids,
                 rs.num_emitted,
                 req_indices,
+                validate=False,
             )
         # The step's one device-to-host read: new lengths, committed counts, finish
         # reasons, and (for statistics) emitted, drafted and verified counts.
