@@ -6,6 +6,9 @@ import Triton, which loads at the first CUDA call (``ops/_library.py``).
 """
 
 from specdec_kernels.constants import (
+    DRAFT_SOURCE_CORPUS,
+    DRAFT_SOURCE_NONE,
+    DRAFT_SOURCE_OWN,
     FINISH_LENGTH,
     FINISH_REASON_NAMES,
     FINISH_RUNNING,
@@ -41,6 +44,9 @@ from specdec_kernels.ops.verify_inputs import (
 )
 
 __all__ = [
+    "DRAFT_SOURCE_CORPUS",
+    "DRAFT_SOURCE_NONE",
+    "DRAFT_SOURCE_OWN",
     "FINISH_LENGTH",
     "FINISH_REASON_NAMES",
     "FINISH_RUNNING",

@@ -37,7 +37,6 @@ from specdec_kernels.ops._validation import (
 )
 
 TIE_BREAKS = ("first", "last")
-DRAFT_SOURCE_NONE, DRAFT_SOURCE_OWN, DRAFT_SOURCE_CORPUS = 0, 1, 2
 
 
 class NgramIndex(NamedTuple):

@@ -31,7 +31,23 @@ DRAFT_GAIN_SCALE = 2**24
 of ``1 / DRAFT_GAIN_SCALE``, so that its sums are exact in any order and the CPU path, the
 Triton kernel and the reference choose the same plan bit for bit."""
 
+DRAFT_SOURCE_NONE, DRAFT_SOURCE_OWN, DRAFT_SOURCE_CORPUS = 0, 1, 2
+"""``ngram_index_propose``'s ``draft_source``: no drafts, the request's own history, the
+shared corpus."""
+
+NGRAM_HASH_MASK = 0xFFFFFFFF
+NGRAM_HASH_FNV_OFFSET = 0x811C9DC5
+NGRAM_HASH_FNV_PRIME = 0x01000193
+NGRAM_HASH_MIX1 = 0x045D9F3B
+NGRAM_HASH_MIX2 = 0x2C1B3C6D
+"""The 32-bit n-gram hash of the corpus index (FNV-1a over 32-bit words with an xorshift
+per word): every implementation must hash alike, so a table one path wrote reads the same
+on the other."""
+
 __all__ = [
+    "DRAFT_SOURCE_CORPUS",
+    "DRAFT_SOURCE_NONE",
+    "DRAFT_SOURCE_OWN",
     "DRAFT_GAIN_SCALE",
     "FINISH_LENGTH",
     "FINISH_REASON_NAMES",

@@ -151,11 +151,6 @@ def test_bookkeeping_kernels_compile_for_the_gpu():
     compile_for_gpu(_BOOKKEEPING)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
-def test_draft_plan_kernels_compile_for_the_gpu():
-    compile_for_gpu(_DRAFT_PLAN)
-
-
 # ---------------------------------------------------------------- ngram_index family (issue 11)
 
 _NGRAM_INDEX = r"""

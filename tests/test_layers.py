@@ -75,9 +75,7 @@ def test_imports_follow_the_layer_rules(path):
         return
     own = ALLOWED[layer]
     for name in _imports(path):
-        if name.startswith((PKG + ".", "examples.")) and not name.startswith(
-            f"{PKG}.__version__"
-        ):
+        if name.startswith((PKG + ".", "examples.")) and not name.startswith(f"{PKG}.__version__"):
             assert name.startswith(own), f"{layer} may not import {name}"
         top = name.split(".")[0]
         assert top not in FORBIDDEN.get(layer, ()), f"{layer} may not import {top}"

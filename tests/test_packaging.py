@@ -78,10 +78,7 @@ def test_cpu_path_imports_and_runs_without_triton():
 def test_sdist_carries_what_its_tests_need(tmp_path):
     # An unpacked sdist must be able to run its own test-suite: tests/ imports bench/ and
     # examples/, and the docs the code points to must be there too.
-    code = (
-        "import sys, setuptools.build_meta as m; "
-        f"print(m.build_sdist({str(tmp_path)!r}))"
-    )
+    code = f"import sys, setuptools.build_meta as m; print(m.build_sdist({str(tmp_path)!r}))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
     )

@@ -23,15 +23,13 @@ import functools
 
 import torch
 
-from specdec_kernels.reference.ngram_index import (
-    CORPUS,
-    FNV_OFFSET,
-    FNV_PRIME,
-    M32,
-    MIX1,
-    MIX2,
-    OWN,
-)
+from specdec_kernels.constants import DRAFT_SOURCE_CORPUS as CORPUS
+from specdec_kernels.constants import DRAFT_SOURCE_OWN as OWN
+from specdec_kernels.constants import NGRAM_HASH_FNV_OFFSET as FNV_OFFSET
+from specdec_kernels.constants import NGRAM_HASH_FNV_PRIME as FNV_PRIME
+from specdec_kernels.constants import NGRAM_HASH_MASK as M32
+from specdec_kernels.constants import NGRAM_HASH_MIX1 as MIX1
+from specdec_kernels.constants import NGRAM_HASH_MIX2 as MIX2
 
 _WINDOW = 4  # slots read per probe round
 _CHUNK = 1 << 19  # n-gram inserts per round batch (bounds the scratch of long prefills)

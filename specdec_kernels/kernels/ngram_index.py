@@ -31,8 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_kernels.constants import NGRAM_HASH_FNV_OFFSET as FNV_OFFSET
+from specdec_kernels.constants import NGRAM_HASH_FNV_PRIME as FNV_PRIME
+from specdec_kernels.constants import NGRAM_HASH_MIX1 as MIX1
+from specdec_kernels.constants import NGRAM_HASH_MIX2 as MIX2
 from specdec_kernels.kernels._utils import next_pow2
-from specdec_kernels.reference.ngram_index import FNV_OFFSET, FNV_PRIME, MIX1, MIX2
 
 _FNV_OFFSET = tl.constexpr(FNV_OFFSET)
 _FNV_PRIME = tl.constexpr(FNV_PRIME)

@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import torch
 
-M32 = 0xFFFFFFFF
-FNV_OFFSET = 0x811C9DC5
-FNV_PRIME = 0x01000193
-MIX1 = 0x045D9F3B
-MIX2 = 0x2C1B3C6D
-
-OWN = 1
-"""``draft_source`` of drafts taken from the request's own history."""
-CORPUS = 2
-"""``draft_source`` of drafts taken from the shared corpus."""
+from specdec_kernels.constants import DRAFT_SOURCE_CORPUS as CORPUS
+from specdec_kernels.constants import DRAFT_SOURCE_OWN as OWN
+from specdec_kernels.constants import NGRAM_HASH_FNV_OFFSET as FNV_OFFSET
+from specdec_kernels.constants import NGRAM_HASH_FNV_PRIME as FNV_PRIME
+from specdec_kernels.constants import NGRAM_HASH_MASK as M32
+from specdec_kernels.constants import NGRAM_HASH_MIX1 as MIX1
+from specdec_kernels.constants import NGRAM_HASH_MIX2 as MIX2
 
 
 def ngram_hash(tokens: list[int]) -> int:
