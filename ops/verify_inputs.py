@@ -226,6 +226,11 @@ def _check_layout(block_table, block_size, max_model_len, *, required_len: bool)
                 "max_model_len is required without a block_table (the contiguous KV layout "
                 "puts state row r at slots r * max_model_len ...)"
             )
+        if max_model_len > 2**32:  # int32 rows times this stride must fit the int64 slots
+            raise ValueError(
+                f"max_model_len must be <= 2**32 without a block_table (slots r * "
+                f"max_model_len + pos are int64), got {max_model_len}"
+            )
         if block_size is not None:
             check_int("block_size", block_size, min_value=1)
         return 1

@@ -990,6 +990,7 @@ def _slot_call(**overrides):
         (dict(max_model_len=0), "max_model_len must be >= 1"),
         (dict(block_size=None), "block_size is required with a block_table"),
         (dict(block_table=None), "max_model_len is required without a block_table"),
+        (dict(block_table=None, max_model_len=2**40), r"max_model_len must be <= 2\*\*32"),
         (dict(block_size=2**63), "block_size must fit in int64"),
         (dict(query_start_loc=_i32([0, 2, 1])), "query_start_loc must be non-decreasing"),
         (dict(query_start_loc=_i32([0, 1, 4])), r"query_start_loc must lie in \[0, 3\]"),

@@ -215,6 +215,19 @@ def test_plan_cpu_and_triton_match_reference(case):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (impl, got, want)
 
 
+@pytest.mark.parametrize("B", [127, 128, 300])
+def test_plan_kernel_sums_past_int32_at_large_batches(B, kernel_device):
+    # B * 2**24 passes 2**31 at B = 128: the kernel's totals must be int64 (found by a
+    # review: the kernel planned 130 drafts where the CPU path planned 54).
+    g = torch.Generator().manual_seed(B)
+    acc = torch.rand((B, 1, 2), generator=g)
+    nd = torch.randint(0, 3, (B,), generator=g, dtype=I32)
+    cost = 1 + 0.002 * torch.arange(B * 3 + 1, dtype=torch.float32) ** 1.2
+    want = plan("cpu", nd, torch.ones(B, dtype=I32), acc, cost)
+    got = plan("triton", nd, torch.ones(B, dtype=I32), acc, cost, device=kernel_device)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_plan_kernel_writes_every_output_slot(monkeypatch, kernel_device):
     acc = torch.rand((4, 2, 3), generator=torch.Generator().manual_seed(1))
     args = (_i32([3, 0, 2, 1]), _i32([1, 0, 2, 3]), acc, _linear_cost(16, 1.0, 0.05),

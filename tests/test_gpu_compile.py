@@ -114,7 +114,8 @@ f32 = {"acc_ptr": "*fp32", "cost_ptr": "*fp32", "expected_ptr": "*fp32"}
 for flag, bb, kb, k in ((True, 64, 4, 4), (False, 1, 1, 0), (True, 256, 8, 5)):
     absent = {} if flag else dict(req_indices_ptr=None)  # None: an absent tensor
     build(K._plan_kernel,
-          dict(K=k, HAS_REQ_INDICES=flag, HAS_MAX_NUM_TOKENS=flag, BB=bb, KB=kb, **absent), f32)
+          dict(K=k, HAS_REQ_INDICES=flag, HAS_MAX_NUM_TOKENS=flag, BB=bb, KB=kb, **absent), f32,
+          {"base_gain": "i64" if bb > 64 else "i32"})  # i64 from B = 128 on
     build(K._update_kernel, dict(K=k, HAS_REQ_INDICES=flag, KB=kb, **absent),
           {"acc_ptr": "*fp32"}, {"keep": "fp32", "learn": "fp32"})
 print("compiled")

@@ -146,17 +146,20 @@ class _Running:
     steps: int = 0
 
 
-def _interpolate(grid: list[int], times: list[float], n_max: int) -> torch.Tensor:
-    """float32 ``[n_max + 1]``: piecewise-linear through ``(grid, times)``, flat outside,
-    made non-decreasing (a longer pass never costs less)."""
+def _linear_cost(grid: list[int], times: list[float], n_max: int) -> torch.Tensor:
+    """float32 ``[n_max + 1]``: ``a + b * n`` through ``(grid, times)`` by the Theil-Sen
+    estimator (median of the pairwise slopes, then the median intercept), ``a, b >= 0``.
+
+    Robust to a few passes a busy machine slowed down, where a piecewise table (or its
+    running maximum) would carry one slow sample into every larger size and make drafts
+    look dearer than they are.
+    """
     g = torch.tensor(grid, dtype=torch.float64)
     t = torch.tensor(times, dtype=torch.float64)
-    n = torch.arange(n_max + 1, dtype=torch.float64)
-    if len(grid) == 1:
-        return torch.full((n_max + 1,), float(t[0]), dtype=torch.float32)
-    i = torch.searchsorted(g, n).clamp(1, len(grid) - 1)
-    w = ((n - g[i - 1]) / (g[i] - g[i - 1])).clamp(0, 1)
-    return torch.cummax(t[i - 1] + w * (t[i] - t[i - 1]), 0).values.float()
+    i, j = torch.triu_indices(len(grid), len(grid), offset=1)
+    b = ((t[j] - t[i]) / (g[j] - g[i])).median().clamp(min=0) if len(grid) > 1 else t.new_zeros(())
+    a = (t - b * g).median().clamp(min=float(t.min()) * 1e-3)
+    return (a + b * torch.arange(n_max + 1, dtype=torch.float64)).float()
 
 
 class EngineError(ValueError):
@@ -269,7 +272,7 @@ class Engine:
         ``min(n, R)`` requests of ``context_len`` cached tokens each, for ``n`` on a
         geometric grid from 1 to ``R * (k + 1)`` (the fastest of ``repeats`` after a
         warm-up: on a shared machine the minimum is the least disturbed estimate),
-        and interpolates linearly: ``verify_cost[n]`` in seconds, float32
+        and fits ``a + b * n`` to them (Theil-Sen): ``verify_cost[n]`` in seconds, float32
         ``[R * (k + 1) + 1]``, non-decreasing. Uses the engine's KV blocks, so call it
         between :meth:`generate` calls. Stores the table and the time it took
         (``calibration_seconds``).
@@ -315,7 +318,7 @@ class Engine:
                 times.append(min(samples))
         finally:
             self.cache.allocator.free(blocks)
-        self.verify_cost = _interpolate(grid, times, n_max).to(dev)
+        self.verify_cost = _linear_cost(grid, times, n_max).to(dev)
         self.calibration_seconds = time.perf_counter() - t_start
         return self.verify_cost
 

@@ -54,6 +54,8 @@ def _plan_kernel(
     planned_ptr,
     expected_ptr,
     batch,
+    base_gain,
+    num_rows,
     num_classes,
     max_num_tokens,
     K: tl.constexpr,
@@ -69,8 +71,8 @@ def _plan_kernel(
         r = tl.load(req_indices_ptr + b, mask=in_batch, other=-1).to(tl.int64)
     else:
         r = tl.where(in_batch, b, -1)
-    active = r >= 0
-    rc = tl.maximum(r, 0)
+    active = (r >= 0) & (r < num_rows)  # rows past the state are never read
+    rc = tl.where(active, r, 0)
     m = tl.load(num_drafts_ptr + b, mask=active, other=0)
     cls = tl.load(match_len_ptr + b, mask=active, other=1)
     cls = (tl.minimum(tl.maximum(cls, 1), num_classes) - 1).to(tl.int64)
@@ -91,7 +93,7 @@ def _plan_kernel(
     srt = tl.sort(tl.reshape(key, [BB * KB]), descending=True)
     ok = srt >= 0
     gains = tl.where(ok, srt >> SLOT_BITS, 0)
-    total = batch * GAIN_SCALE + tl.cumsum(gains, axis=0)  # after the first D + 1 gains
+    total = base_gain + tl.cumsum(gains, axis=0)  # int64: B * 2**24 passes int32 at B = 128
     d = tl.arange(0, BB * KB) + 1  # prefix length D of each position
     n = batch + d
     allowed = ok & (n < num_costs)
@@ -99,7 +101,8 @@ def _plan_kernel(
         allowed = allowed & (n <= max_num_tokens)
     cost = tl.load(cost_ptr + n, mask=allowed, other=1.0).to(tl.float64)
     value = tl.where(allowed, total.to(tl.float64) / cost, -1.0)
-    base = (batch * GAIN_SCALE).to(tl.float64) / tl.load(cost_ptr + batch).to(tl.float64)
+    base = (base_gain + tl.zeros([], dtype=tl.int64)).to(tl.float64)
+    base = base / tl.load(cost_ptr + batch).to(tl.float64)
     best_value = tl.maximum(tl.max(value, axis=0), base)
     best_d = tl.min(tl.where(value == best_value, d, BB * KB + 1), axis=0)
     best_d = tl.where(base == best_value, 0, best_d)
@@ -127,6 +130,7 @@ def _update_kernel(
     out_stride,
     num_emitted_ptr,
     req_indices_ptr,
+    num_rows,
     num_classes,
     keep,
     learn,
@@ -139,7 +143,7 @@ def _update_kernel(
         r = tl.load(req_indices_ptr + b).to(tl.int64)
     else:
         r = b
-    if r >= 0:
+    if (r >= 0) & (r < num_rows):  # rows past the state are never written
         j = tl.arange(0, KB)
         limit = tl.minimum(tl.load(num_drafts_ptr + b), tl.load(num_emitted_ptr + b))
         seen = j < tl.minimum(limit, K)
@@ -188,6 +192,8 @@ def plan_draft_lengths(
         planned_ptr=planned,
         expected_ptr=expected,
         batch=B,
+        base_gain=B * constants.DRAFT_GAIN_SCALE,  # a host int: int64 where it needs to be
+        num_rows=acceptance.shape[0],
         num_classes=acceptance.shape[1],
         max_num_tokens=max_num_tokens if max_num_tokens is not None else 0,
         K=K,
@@ -232,6 +238,7 @@ def update_acceptance_stats(
         out_stride=output_token_ids.stride(0),
         num_emitted_ptr=num_emitted,
         req_indices_ptr=req_indices,
+        num_rows=acceptance.shape[0],
         num_classes=acceptance.shape[1],
         keep=keep.item(),
         learn=learn.item(),
