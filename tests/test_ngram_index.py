@@ -583,6 +583,19 @@ def test_cpu_with_corpus_equals_reference_under_any_schedule(case):
             assert torch.equal(x, y), (g_, w)
 
 
+@pytest.mark.parametrize("impl", ["cpu", "triton"])
+def test_table_narrower_than_the_probe_window(impl):
+    # max_model_len 1 gives a 2-slot table, narrower than the CPU path's 4-slot probe
+    # window: the window must wrap more than once (found by hypothesis in CI's
+    # derandomized run: an IndexError).
+    case = (1, 1, 1, 1, 1, [("admit", [0], [[0]], 1, "first", None, None)])
+    got, _ = _replay(impl, case, None, with_corpus=True)
+    want, _ = _replay("reference", case, None, with_corpus=True)
+    for g_, w in zip(got, want, strict=True):
+        for x, y in zip(g_, w, strict=True):
+            assert torch.equal(x, y), (g_, w)
+
+
 # ----------------------------------------------------------------------------- public API
 
 

@@ -121,7 +121,7 @@ def _probe(tab, tokens, S, slot_base, pos, rows, key, beyond):
     """
     m = pos.numel()
     local = pos[:, None] + _ar(_WINDOW)
-    local = torch.where(local >= S, local - S, local)  # pos < S, so one wrap at most
+    local = local.remainder(S)  # a table narrower than the window wraps more than once
     slot = slot_base[:, None] + local  # [m, W]
     first = tab.index_select(0, (2 * slot).view(-1))  # [m * W]
     occ = first >= 0
@@ -180,8 +180,7 @@ def _insert(tokens, tab, S, N, rows, js, starts, ns, max_n):
         ni = _where_idx(lost | moved)
         if ni.numel() == 0:
             return
-        nxt_pos = torch.where(lost, s_star - b, p0 + _WINDOW)
-        nxt_pos = torch.where(nxt_pos >= S, nxt_pos - S, nxt_pos)
+        nxt_pos = torch.where(lost, s_star - b, p0 + _WINDOW).remainder(S)
         idx = ni if live is None else _take(live, ni)
         pos.index_copy_(0, idx, _take(nxt_pos, ni))
         live = idx
@@ -242,8 +241,7 @@ def _own_lookup(tokens, index, rows, js, key, ns, h):
     any_hit, slot, found = _probe(tab, tokens, S, base, pos, rows, key, beyond)
     live = _where_idx(~any_hit)
     while live.numel():  # rare: a full window; look at the next one
-        p = _take(pos, live) + _WINDOW
-        p = torch.where(p >= S, p - S, p)
+        p = (_take(pos, live) + _WINDOW).remainder(S)
         pos.index_copy_(0, live, p)
         a, s_, f = _probe(
             tab, tokens, S, _take(base, live), p, _take(rows, live), _take(key, live),
