@@ -20,6 +20,7 @@ and retire requests). Output tokens stay on the device until the run ends.
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -146,9 +147,9 @@ class _Running:
     steps: int = 0
 
 
-def _linear_cost(grid: list[int], times: list[float], n_max: int) -> torch.Tensor:
-    """float32 ``[n_max + 1]``: ``a + b * n`` through ``(grid, times)`` by the Theil-Sen
-    estimator (median of the pairwise slopes, then the median intercept), ``a, b >= 0``.
+def _theil_sen(grid: list[int], times: list[float]) -> tuple[float, float]:
+    """``(a, b)`` of ``time = a + b * n`` by the Theil-Sen estimator (median of the pairwise
+    slopes, then the median intercept), ``a, b >= 0``.
 
     Robust to a few passes a busy machine slowed down, where a piecewise table (or its
     running maximum) would carry one slow sample into every larger size and make drafts
@@ -157,9 +158,9 @@ def _linear_cost(grid: list[int], times: list[float], n_max: int) -> torch.Tenso
     g = torch.tensor(grid, dtype=torch.float64)
     t = torch.tensor(times, dtype=torch.float64)
     i, j = torch.triu_indices(len(grid), len(grid), offset=1)
-    b = ((t[j] - t[i]) / (g[j] - g[i])).median().clamp(min=0) if len(grid) > 1 else t.new_zeros(())
-    a = (t - b * g).median().clamp(min=float(t.min()) * 1e-3)
-    return (a + b * torch.arange(n_max + 1, dtype=torch.float64)).float()
+    b = float(((t[j] - t[i]) / (g[j] - g[i])).median().clamp(min=0)) if len(grid) > 1 else 0.0
+    a = max(float((t - b * g).median()), float(t.min()) * 1e-3)
+    return a, b
 
 
 class EngineError(ValueError):
@@ -256,11 +257,16 @@ class Engine:
         )
         self.verify_cost = verify_cost
         self.calibration_seconds = 0.0
+        self.cost_intercept = self.cost_slope = None  # set by calibrate()
         # Shared corpus (issue 11): the own-history index replaces the per-step rescan.
         self.index = self.corpus = None
         if corpus_tokens > 0:
             self.index = new_ngram_index(R, max_model_len, min_n=min_n, max_n=max_n, device=dev)
             self.corpus = new_corpus(corpus_tokens, min_n=min_n, max_n=max_n, device=dev)
+
+    def _set_cost(self, intercept: float) -> None:
+        n = torch.arange(self.R * (self.k + 1) + 1, dtype=torch.float64)
+        self.verify_cost = (intercept + self.cost_slope * n).float().to(self.device)
 
     # ------------------------------------------------------------------ cost model
 
@@ -273,9 +279,12 @@ class Engine:
         geometric grid from 1 to ``R * (k + 1)`` (the fastest of ``repeats`` after a
         warm-up: on a shared machine the minimum is the least disturbed estimate),
         and fits ``a + b * n`` to them (Theil-Sen): ``verify_cost[n]`` in seconds, float32
-        ``[R * (k + 1) + 1]``, non-decreasing. Uses the engine's KV blocks, so call it
-        between :meth:`generate` calls. Stores the table and the time it took
-        (``calibration_seconds``).
+        ``[R * (k + 1) + 1]``, non-decreasing. A decode step costs more than its forward (the
+        proposal, sampling, commit and the host read do not depend on the drafts), so
+        :meth:`generate` re-estimates the intercept ``a`` from the engine's own step times
+        (median of ``step time - b * tokens`` over the last 32 steps) and keeps the slope.
+        Uses the engine's KV blocks, so call it between :meth:`generate` calls. Stores the
+        table and the time it took (``calibration_seconds``).
         """
         t_start = time.perf_counter()
         R, k, dev = self.R, self.k, self.device
@@ -318,7 +327,8 @@ class Engine:
                 times.append(min(samples))
         finally:
             self.cache.allocator.free(blocks)
-        self.verify_cost = _linear_cost(grid, times, n_max).to(dev)
+        self.cost_intercept, self.cost_slope = _theil_sen(grid, times)
+        self._set_cost(self.cost_intercept)
         self.calibration_seconds = time.perf_counter() - t_start
         return self.verify_cost
 
@@ -550,6 +560,7 @@ class Engine:
         if self.draft_policy == "adaptive" and self.k > 0 and self.verify_cost is None:
             self.calibrate()  # once per engine; its time is reported apart
         stats = RunStats()
+        overheads: deque[float] = deque(maxlen=32)  # step time - slope * tokens (adaptive)
         t0 = time.perf_counter()
         waiting = deque(range(len(prompts)))
         free_rows = list(range(self.R - 1, -1, -1))
@@ -585,6 +596,13 @@ class Engine:
                 else:
                     still.append(q)
             running = still
+            if self.cost_slope is not None and self.draft_policy == "adaptive":
+                n_query = len(n_com) + sum(n_verified)
+                overheads.append(time.perf_counter() - t_step - self.cost_slope * n_query)
+                a = statistics.median(overheads)
+                if abs(a - self.cost_intercept) > 0.05 * self.cost_intercept:
+                    self.cost_intercept = max(a, 1e-6)
+                    self._set_cost(self.cost_intercept)
             if full:
                 stats.full_steps += 1
                 stats.full_tokens += sum(n_com)
