@@ -130,6 +130,9 @@ def test_adaptive_draft_policy_keeps_greedy_tokens_float64(loaded, model64, prom
     comps, stats = eng.generate(prompts, [SamplingParams(max_tokens=n) for n in budget])
     assert [c.token_ids for c in comps] == plain
     assert 0 < stats.verified < stats.drafts  # some drafts verified, some planned away
+    # the passes are sized to the plans: room for every verified draft, less than static
+    assert stats.request_steps + stats.verified <= stats.query_tokens
+    assert stats.query_tokens < stats.request_steps * 5
     assert stats.accepted > 0 and stats.host_reads == stats.steps
 
 

@@ -20,6 +20,7 @@ and retire requests). Output tokens stay on the device until the run ends.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
 from collections import deque
@@ -89,6 +90,9 @@ class RunStats:
     """draft tokens proposed"""
     verified: int = 0
     """draft tokens verified (the plan's choice; = drafts unless the policy is adaptive)"""
+    query_tokens: int = 0
+    """query tokens the verify passes ran, padding rows included (static ``B * (k + 1)``
+    per step unless the policy is adaptive, whose passes are sized to its plans)"""
     accepted: int = 0
     """draft tokens accepted by the verifier and committed"""
     prefill_tokens: int = 0
@@ -257,6 +261,8 @@ class Engine:
         )
         self.verify_cost = verify_cost
         self.calibration_seconds = 0.0
+        self._recent_share: deque[float] = deque(maxlen=4)  # drafts per request, last plans
+        self._grow_share = 0.0
         self.cost_intercept = self.cost_slope = None  # set by calibrate()
         # Shared corpus (issue 11): the own-history index replaces the per-step rescan.
         self.index = self.corpus = None
@@ -274,23 +280,26 @@ class Engine:
     def calibrate(self, *, context_len: int = 256, repeats: int = 5) -> torch.Tensor:
         """Measure the verify pass of this model on this machine; returns the cost table.
 
-        Times ``Llama.forward`` (logits included) for ``n`` query tokens spread over
-        ``min(n, R)`` requests of ``context_len`` cached tokens each, for ``n`` on a
-        geometric grid from 1 to ``R * (k + 1)`` (the fastest of ``repeats`` after a
-        warm-up: on a shared machine the minimum is the least disturbed estimate),
-        and fits ``a + b * n`` to them (Theil-Sen): ``verify_cost[n]`` in seconds, float32
-        ``[R * (k + 1) + 1]``, non-decreasing. A decode step costs more than its forward (the
-        proposal, sampling, commit and the host read do not depend on the drafts), so
-        :meth:`generate` re-estimates the intercept ``a`` from the engine's own step times
+        Times ``Llama.forward`` (logits included) of a full batch, ``R`` requests of
+        ``context_len`` cached tokens each, over ``n`` query tokens for 7 values of ``n``
+        from ``R`` to ``R * (k + 1)`` laid out as :meth:`generate` lays out a verify pass
+        (the fastest of ``repeats`` after a warm-up: on a shared machine the minimum is
+        the least disturbed estimate), and fits ``a + b * n`` to them (Theil-Sen):
+        ``verify_cost[n]`` in seconds, float32 ``[R * (k + 1) + 1]``, non-decreasing. The
+        planner compares passes over one batch of requests, so ``b`` must be what one more
+        verified draft costs; passes over fewer requests are left out of the fit because
+        each request adds its attention over the cache, which a draft does not (mixing
+        them in once doubled ``b`` and throttled the drafts). A decode step costs more
+        than its forward (the proposal, sampling, commit and the host read do not depend
+        on the drafts), so :meth:`generate` re-estimates the intercept ``a`` from the engine's own step times
         (median of ``step time - b * tokens`` over the last 32 steps) and keeps the slope.
         Uses the engine's KV blocks, so call it between :meth:`generate` calls. Stores the
         table and the time it took (``calibration_seconds``).
         """
         t_start = time.perf_counter()
         R, k, dev = self.R, self.k, self.device
-        n_max = R * (k + 1)
         ctx = max(1, min(context_len, self.max_model_len - k - 1))
-        grid = sorted({1, n_max} | {min(n_max, round(1.5**i)) for i in range(40)})
+        grid = sorted({R + round(i * R * k / 6) for i in range(7)})
         blocks = self.cache.allocator.allocate(
             R * PagedKVCache.blocks_needed(ctx + k + 1, self.block_size)
         )
@@ -299,7 +308,7 @@ class Engine:
         times = []
         try:
             for n in grid:
-                q = min(n, R)
+                q = R
                 lens = [n // q + (1 if b < n % q else 0) for b in range(q)]
                 pos = torch.cat([torch.arange(ctx, ctx + m, device=dev) for m in lens])
                 qsl = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev)
@@ -312,10 +321,10 @@ class Engine:
                 )
                 ids = torch.zeros(n, dtype=torch.int32, device=dev)
 
-                def run(ids=ids, pos=pos, slots=slots, qsl=qsl, q=q, lens=lens):
+                def run(ids=ids, pos=pos, slots=slots, qsl=qsl, q=q, n=n):
                     self.model.forward(
                         ids, pos, slots, qsl, table[:q], self.cache,
-                        max_query_len=max(lens), max_seq_len=ctx + max(lens),
+                        max_query_len=min(k + 1, n - q + 1), max_seq_len=ctx + k + 1,
                     )  # fmt: skip
 
                 run()
@@ -454,14 +463,20 @@ class Engine:
                 max_model_len=self.max_model_len,
             )
         adaptive = self.draft_policy == "adaptive" and k > 0
+        B = len(running)
         planned = num_drafts
+        n_query = B * (k + 1)  # the pass's static size: every proposed draft has a row
         if adaptive:
+            # The host sizes the pass before the step from the plans it has read back
+            # (no extra read); the planner keeps its plan inside that size.
+            n_query = self.token_budget(B)
             planned = plan_draft_lengths(
                 num_drafts,
                 match_len,
                 self.acceptance,
                 self.verify_cost,
                 req_indices,
+                max_num_tokens=n_query,
                 validate=False,  # the engine's own state: no per-step value checks
             ).num_draft_tokens
         vi = prepare_verify_inputs(
@@ -476,19 +491,20 @@ class Engine:
         )
         # Host-side bound on the KV length (no read-back needed: lengths are known).
         max_seq_len = max(q.num_tokens for q in running) + k
+        # query_start_loc[B] <= n_query: the rows past n_query are padding, never run
         logits = self.model.forward(
-            vi.input_ids,
-            vi.positions,
-            vi.slot_mapping,
+            vi.input_ids[:n_query],
+            vi.positions[:n_query],
+            vi.slot_mapping[:n_query],
             vi.query_start_loc,
             self.block_table[rows],
             self.cache,
-            max_query_len=k + 1,
+            max_query_len=min(k + 1, n_query - B + 1),
             max_seq_len=max_seq_len,
         )
         rs = rejection_sample(
             logits,
-            vi.flat_draft_token_ids,
+            vi.flat_draft_token_ids[: n_query - B],
             vi.cu_num_draft_tokens,
             num_speculative_tokens=k,
             temperature=self.temperature[rows] if sampled else None,
@@ -534,7 +550,27 @@ class Engine:
                 planned,
             ]
         ).tolist()
-        return back
+        return back, n_query
+
+    def token_budget(self, batch: int) -> int:
+        """Query tokens of the next adaptive verify pass, chosen on the host from the plans
+        of recent steps (read back with each step's results, so it costs no extra read).
+
+        Room for ``batch * share`` drafts, ``share`` the most drafts per request that any of
+        the last 4 plans used; after a plan that filled its pass, ``share`` grows by
+        ``max(1/2, k / batch)`` (at batch 1, straight back to ``k``). A plan cut by the budget loses
+        its lowest-gain drafts, the ones closest to not paying for themselves, so a tight
+        budget costs little, while every padding row of a static ``batch * (k + 1)`` pass
+        costs a verify token for nothing. A CUDA-graph engine would round this up to a
+        captured size.
+        """
+        share = min(self.k, max(self._recent_share, default=self.k) + self._grow_share)
+        return min(batch * (self.k + 1), batch + math.ceil(batch * share - 1e-9))
+
+    def _record_plan(self, batch: int, n_query: int, n_verified: list[int]) -> None:
+        used = sum(n_verified)
+        self._recent_share.append(used / batch)
+        self._grow_share = max(0.5, self.k / batch) if batch + used >= n_query else 0.0
 
     @torch.inference_mode()
     def generate(
@@ -560,6 +596,7 @@ class Engine:
         if self.draft_policy == "adaptive" and self.k > 0 and self.verify_cost is None:
             self.calibrate()  # once per engine; its time is reported apart
         stats = RunStats()
+        self._recent_share.clear()
         overheads: deque[float] = deque(maxlen=32)  # step time - slope * tokens (adaptive)
         t0 = time.perf_counter()
         waiting = deque(range(len(prompts)))
@@ -570,13 +607,16 @@ class Engine:
             self._admit(waiting, free_rows, prompts, params, running, stats)
             t_step = time.perf_counter()
             self._grow_blocks(running)
-            back = self._step(running, sampled, use_top_p)
+            back, n_query = self._step(running, sampled, use_top_p)
             full = len(running) == self.R
             stats.host_reads += 1
             stats.steps += 1
             stats.request_steps += len(running)
+            stats.query_tokens += n_query
             stats.batch_sizes.append(len(running))
             n_tok, n_com, reason, n_emit, n_draft, n_verified = back
+            if self.draft_policy == "adaptive" and self.k > 0:
+                self._record_plan(len(running), n_query, n_verified)
             still = []
             for b, q in enumerate(running):
                 q.num_tokens = n_tok[b]
@@ -597,7 +637,6 @@ class Engine:
                     still.append(q)
             running = still
             if self.cost_slope is not None and self.draft_policy == "adaptive":
-                n_query = len(n_com) + sum(n_verified)
                 overheads.append(time.perf_counter() - t_step - self.cost_slope * n_query)
                 a = statistics.median(overheads)
                 if abs(a - self.cost_intercept) > 0.05 * self.cost_intercept:
