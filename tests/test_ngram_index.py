@@ -8,6 +8,7 @@ with ``ngram_propose`` (the full scan) under random admissions and commits.
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -801,3 +802,32 @@ def test_bad_constructor_arguments(kw, match):
         new_ngram_index(**kw)
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         new_corpus(0, min_n=1, max_n=2)
+
+
+def test_large_tables_are_the_same_tensors_on_huge_pages(monkeypatch):
+    # The madvise is advice: values, shape and dtype are torch.full's, with the advice,
+    # without it (small table) and when the call fails.
+    from specdec_kernels.ops import _memory
+
+    big = (9 * 2**20) // 8  # int64 elements: over the 16 MiB threshold
+    for shape, dtype in [((3, 5), torch.int32), ((2, big), torch.int64)]:
+        t = _memory.full(shape, -1, dtype=dtype, device="cpu")
+        assert t.shape == shape and t.dtype == dtype and bool((t == -1).all())
+    advised = []
+    monkeypatch.setattr(_memory, "_madvise_huge", lambda t: advised.append(t.nbytes))
+    _memory.full((2, big), 7, dtype=torch.int64, device="cpu")
+    _memory.full((3, 5), 7, dtype=torch.int64, device="cpu")
+    assert advised == ([2 * big * 8] if sys.platform == "linux" else [])
+
+    def broken(t):
+        raise OSError("no libc here")
+
+    monkeypatch.setattr(_memory, "_madvise_huge", broken)
+    t = _memory.full((2, big), 3, dtype=torch.int64, device="cpu")
+    assert bool((t == 3).all())
+    # the constructors use it: a 2-row index of 2**20 tokens is 16 MiB per n
+    advised.clear()
+    monkeypatch.setattr(_memory, "_madvise_huge", lambda t: advised.append(t.nbytes))
+    index = new_ngram_index(2, 2**20, min_n=2, max_n=2)
+    assert bool((index.table == -1).all())
+    assert advised == ([index.table.nbytes] if sys.platform == "linux" else [])
