@@ -2,7 +2,8 @@
 
 Checks every op against its baselines, times them, and writes
 ``bench/results/<date>-<machine>.md`` (tables) and ``.png`` (latency plots). Options:
-``--quick`` (tiny shapes, for a smoke run), ``--only ngram,rejection,bookkeeping``,
+``--quick`` (tiny shapes, for a smoke run), ``--only ngram,rejection,bookkeeping,
+ngram_index,draft_plan``,
 ``--threads N`` (torch and numba threads; default: all cores), ``--budget S`` (seconds of
 timed calls per implementation and case), ``--out DIR``, ``--machine NAME``.
 """
@@ -23,6 +24,7 @@ FAMILIES = {
     "rejection": "bench.cases_rejection",
     "bookkeeping": "bench.cases_bookkeeping",
     "ngram_index": "bench.cases_ngram_index",
+    "draft_plan": "bench.cases_draft_plan",
 }
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -270,6 +272,15 @@ SECTION_TEXT = {
         "path. At most 100 timed rounds per implementation, so the histories grow by at most "
         "~500 tokens while a case is timed (the notes say how much). GB/s counts the slots "
         "and tokens a step touches; initial indexing is timed once, in the checks."
+    ),
+    "draft_plan": (
+        "## Draft-length planning (adaptive policy)\n\n"
+        "What the adaptive draft policy adds to a step, k = 4, three match-length classes: "
+        "`plan_draft_lengths` (exact optimum over a linear cost table) and "
+        "`update_acceptance_stats`, B requests with ragged proposals and permuted "
+        "`req_indices`. `reference` = the plain Python oracle (engines that adapt draft "
+        "lengths do it on the host with a per-batch threshold: there is no standard "
+        "implementation to compare with)."
     ),
 }
 
