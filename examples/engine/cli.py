@@ -88,10 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--draft-policy",
         choices=DRAFT_POLICIES,
-        default="fixed",
-        help="drafts a request verifies: all proposed (fixed, default), what "
-        "plan_draft_lengths finds worth the verify cost calibrated at start-up (adaptive; "
-        "not the default until it wins the batch sweep everywhere), none",
+        default="adaptive",
+        help="drafts a request verifies: what plan_draft_lengths finds worth the verify "
+        "cost calibrated at start-up, in a pass sized to the plan (adaptive, default), "
+        "all proposed (fixed), none",
     )
     p.add_argument("--min-n", type=int, default=1, help="shortest n-gram matched (default 1)")
     p.add_argument("--max-n", type=int, default=3, help="longest n-gram matched (default 3)")
