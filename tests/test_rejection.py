@@ -1291,3 +1291,25 @@ def test_logprobs_match_log_softmax_for_logits_of_any_magnitude(impl, kernel_dev
         assert torch.equal(got[~finite], want[~finite])  # -inf where log_softmax is -inf
         torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6)
     assert float(lp[R - 3, 0]) == pytest.approx(-math.log(2), abs=1e-6)  # the tie row
+
+
+def test_cpu_path_runs_inside_and_then_outside_inference_mode(monkeypatch):
+    # An engine decodes under torch.inference_mode(); a test or a second caller then runs
+    # outside it. The CPU path's reused scratch buffer, first made inside, must still be
+    # writable outside (an inference tensor is not: found by the suite's test order).
+    monkeypatch.setattr(cpu_rej, "_SCRATCH", type(cpu_rej._SCRATCH)())  # no buffer yet
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 50, generator=g)
+    drafts = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32)
+    kw = dict(
+        num_speculative_tokens=2,
+        temperature=torch.tensor([0.7, 1.0]),
+        seeds=torch.tensor([5, 6]),
+        offsets=torch.tensor([0, 0]),
+    )
+    with torch.inference_mode():
+        inside = rejection_sample(logits, drafts, cu, **kw)
+    outside = rejection_sample(logits, drafts, cu, **kw)
+    assert torch.equal(inside.output_token_ids, outside.output_token_ids)
+    assert torch.equal(inside.num_emitted, outside.num_emitted)

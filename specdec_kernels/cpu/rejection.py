@@ -213,10 +213,12 @@ _SCRATCH = threading.local()
 def _scratch(rows: int, V: int) -> torch.Tensor:
     """A ``[rows, V]`` fp32 working buffer, reused from call to call (per thread): a fresh
     multi-MiB allocation is returned to the OS on free and page-faults in again, which cost
-    more than the passes over it."""
+    more than the passes over it. Always a normal tensor: one made under
+    ``torch.inference_mode()`` could not be written by a later call outside it."""
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.numel() < rows * V:
-        buf = torch.empty(max(rows * V, CHUNK_ELEMENTS), dtype=torch.float32)
+        with torch.inference_mode(False):
+            buf = torch.empty(max(rows * V, CHUNK_ELEMENTS), dtype=torch.float32)
         _SCRATCH.buf = buf
     return buf[: rows * V].view(rows, V)
 
