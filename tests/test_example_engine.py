@@ -136,6 +136,26 @@ def test_adaptive_draft_policy_keeps_greedy_tokens_float64(loaded, model64, prom
     assert stats.accepted > 0 and stats.host_reads == stats.steps
 
 
+def test_adaptive_policy_that_never_drafts_runs_plain_sized_passes_float64(
+    loaded, model64, prompts
+):
+    # A cost table where no draft can pay (verify_cost[n] = n): every plan is empty, so
+    # after the first step (sized for k drafts per request, before any plan was seen)
+    # each pass is one token per request, as plain decoding's; tokens unchanged.
+    stop = [loaded.tokenizer.eos_token_id]
+    budget = [16, 12]
+    plain, _ = _generate(model64, prompts, k=0, batch=1, max_tokens=budget, stop_ids=stop)
+    eng = Engine(
+        model64, max_batch_size=2, max_model_len=512, num_speculative_tokens=4, min_n=1,
+        max_n=3, stop_token_ids=stop, draft_policy="adaptive",
+        verify_cost=torch.arange(2 * 5 + 1, dtype=torch.float32),
+    )  # fmt: skip
+    comps, stats = eng.generate(prompts, [SamplingParams(max_tokens=n) for n in budget])
+    assert [c.token_ids for c in comps] == plain
+    assert stats.verified == 0 and stats.drafts > 0
+    assert stats.query_tokens == stats.request_steps + 2 * 4
+
+
 def test_shared_corpus_keeps_greedy_tokens_and_drafts_from_finished_requests(loaded, model64):
     # Batch 1, record prompts (outputs share a format), the first one twice: the repeat
     # finds its answer in the corpus (the first request, appended when it finished), so it

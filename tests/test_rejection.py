@@ -1313,3 +1313,16 @@ def test_cpu_path_runs_inside_and_then_outside_inference_mode(monkeypatch):
     outside = rejection_sample(logits, drafts, cu, **kw)
     assert torch.equal(inside.output_token_ids, outside.output_token_ids)
     assert torch.equal(inside.num_emitted, outside.num_emitted)
+
+
+def test_cpu_path_keeps_no_autograd_graph_of_its_inputs():
+    # Logits that require grad (a caller outside no_grad): the op has no gradient, and its
+    # reused scratch buffer must not chain the callers' graphs from call to call.
+    drafts = torch.tensor([1, 2], dtype=torch.int32)
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    kw = dict(num_speculative_tokens=2, temperature=torch.tensor([0.7]),
+              seeds=torch.tensor([5]), offsets=torch.tensor([0]))  # fmt: skip
+    for _ in range(2):
+        w = torch.randn(50, 50, requires_grad=True)
+        rejection_sample(torch.randn(3, 50) @ w, drafts, cu, **kw)
+    assert not cpu_rej._SCRATCH.buf.requires_grad

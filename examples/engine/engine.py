@@ -262,7 +262,6 @@ class Engine:
         self.verify_cost = verify_cost
         self.calibration_seconds = 0.0
         self._recent_share: deque[float] = deque(maxlen=4)  # drafts per request, last plans
-        self._grow_share = 0.0
         self.cost_intercept = self.cost_slope = None  # set by calibrate()
         # Shared corpus (issue 11): the own-history index replaces the per-step rescan.
         self.index = self.corpus = None
@@ -291,8 +290,9 @@ class Engine:
         each request adds its attention over the cache, which a draft does not (mixing
         them in once doubled ``b`` and throttled the drafts). A decode step costs more
         than its forward (the proposal, sampling, commit and the host read do not depend
-        on the drafts), so :meth:`generate` re-estimates the intercept ``a`` from the engine's own step times
-        (median of ``step time - b * tokens`` over the last 32 steps) and keeps the slope.
+        on the drafts), so :meth:`generate` re-estimates the intercept ``a`` from the
+        engine's own step times (median of ``step time - b * tokens`` over the last 32
+        steps) and keeps the slope.
         Uses the engine's KV blocks, so call it between :meth:`generate` calls. Stores the
         table and the time it took (``calibration_seconds``).
         """
@@ -466,19 +466,27 @@ class Engine:
         B = len(running)
         planned = num_drafts
         n_query = B * (k + 1)  # the pass's static size: every proposed draft has a row
+        wanted = planned
         if adaptive:
             # The host sizes the pass before the step from the plans it has read back
-            # (no extra read); the planner keeps its plan inside that size.
+            # (no extra read); the planner keeps its plan inside that size. The plan
+            # without the size cap is read back too: it is what the next budget follows.
             n_query = self.token_budget(B)
-            planned = plan_draft_lengths(
-                num_drafts,
-                match_len,
-                self.acceptance,
-                self.verify_cost,
-                req_indices,
-                max_num_tokens=n_query,
-                validate=False,  # the engine's own state: no per-step value checks
-            ).num_draft_tokens
+
+            def plan(cap):
+                return plan_draft_lengths(
+                    num_drafts,
+                    match_len,
+                    self.acceptance,
+                    self.verify_cost,
+                    req_indices,
+                    max_num_tokens=cap,
+                    validate=False,  # the engine's own state: no per-step value checks
+                ).num_draft_tokens
+
+            planned = wanted = plan(None)
+            if n_query < min(B * (k + 1), self.verify_cost.shape[0] - 1):
+                planned = plan(n_query)
         vi = prepare_verify_inputs(
             self.token_ids,
             self.num_tokens,
@@ -548,6 +556,7 @@ class Engine:
                 rs.num_emitted,
                 num_drafts,
                 planned,
+                wanted,
             ]
         ).tolist()
         return back, n_query
@@ -557,20 +566,21 @@ class Engine:
         of recent steps (read back with each step's results, so it costs no extra read).
 
         Room for ``batch * share`` drafts, ``share`` the most drafts per request that any of
-        the last 4 plans used; after a plan that filled its pass, ``share`` grows by
-        ``max(1/2, k / batch)`` (at batch 1, straight back to ``k``). A plan cut by the budget loses
-        its lowest-gain drafts, the ones closest to not paying for themselves, so a tight
-        budget costs little, while every padding row of a static ``batch * (k + 1)`` pass
-        costs a verify token for nothing. A CUDA-graph engine would round this up to a
-        captured size.
+        the last 4 uncapped plans wanted (``k`` before the first): a plan that wants no
+        drafts leads to a pass of ``batch`` tokens, plain decoding's, and a request whose
+        drafts start to pay again (its estimates learn from the proposed drafts, verified
+        or not) raises the next budget. A plan cut by the budget loses its lowest-gain
+        drafts, the ones closest to not paying for themselves, so a tight budget costs
+        little, while every padding row of a static ``batch * (k + 1)`` pass costs a
+        verify token for nothing. Never more than ``verify_cost`` covers. A CUDA-graph
+        engine would round this up to a captured size.
         """
-        share = min(self.k, max(self._recent_share, default=self.k) + self._grow_share)
-        return min(batch * (self.k + 1), batch + math.ceil(batch * share - 1e-9))
+        share = max(self._recent_share, default=self.k)
+        most = min(batch * (self.k + 1), self.verify_cost.shape[0] - 1)
+        return max(batch, min(most, batch + math.ceil(batch * share - 1e-9)))
 
-    def _record_plan(self, batch: int, n_query: int, n_verified: list[int]) -> None:
-        used = sum(n_verified)
-        self._recent_share.append(used / batch)
-        self._grow_share = max(0.5, self.k / batch) if batch + used >= n_query else 0.0
+    def _record_plan(self, batch: int, n_wanted: list[int]) -> None:
+        self._recent_share.append(sum(n_wanted) / batch)
 
     @torch.inference_mode()
     def generate(
@@ -614,9 +624,9 @@ class Engine:
             stats.request_steps += len(running)
             stats.query_tokens += n_query
             stats.batch_sizes.append(len(running))
-            n_tok, n_com, reason, n_emit, n_draft, n_verified = back
+            n_tok, n_com, reason, n_emit, n_draft, n_verified, n_wanted = back
             if self.draft_policy == "adaptive" and self.k > 0:
-                self._record_plan(len(running), n_query, n_verified)
+                self._record_plan(len(running), n_wanted)
             still = []
             for b, q in enumerate(running):
                 q.num_tokens = n_tok[b]

@@ -239,10 +239,12 @@ class _Rows:
         for s in range(0, self.n, self.step):
             e = min(s + self.step, self.n)
             z = self.buf[: e - s]
+            # detached: the op has no gradient, and copying a tensor that requires grad
+            # would chain every call's graph onto the reused buffer
             if self.idx is None:
-                z.copy_(self.logits[s:e])
+                z.copy_(self.logits[s:e].detach())
             else:
-                z.copy_(self.logits.index_select(0, self.idx[s:e]))
+                z.copy_(self.logits.detach().index_select(0, self.idx[s:e]))
             m = z.amax(-1)
             if bool(torch.isnan(m).any()):  # NaN counts as -inf
                 m = _nan_to_neg_inf_(z).amax(-1)
