@@ -234,6 +234,7 @@ class Engine:
         self.model = model
         self.draft_policy = draft_policy
         self.k = 0 if draft_policy == "none" else num_speculative_tokens
+        self.adaptive = draft_policy == "adaptive" and self.k > 0
         self.min_n, self.max_n = min_n, max_n
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -308,12 +309,11 @@ class Engine:
         times = []
         try:
             for n in grid:
-                q = R
-                lens = [n // q + (1 if b < n % q else 0) for b in range(q)]
+                lens = [n // R + (1 if b < n % R else 0) for b in range(R)]
                 pos = torch.cat([torch.arange(ctx, ctx + m, device=dev) for m in lens])
                 qsl = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev)
                 slots = compute_slot_mapping(
-                    table[:q],
+                    table,
                     pos,
                     qsl,
                     block_size=self.block_size,
@@ -321,10 +321,10 @@ class Engine:
                 )
                 ids = torch.zeros(n, dtype=torch.int32, device=dev)
 
-                def run(ids=ids, pos=pos, slots=slots, qsl=qsl, q=q, n=n):
+                def run(ids=ids, pos=pos, slots=slots, qsl=qsl, n=n):
                     self.model.forward(
-                        ids, pos, slots, qsl, table[:q], self.cache,
-                        max_query_len=min(k + 1, n - q + 1), max_seq_len=ctx + k + 1,
+                        ids, pos, slots, qsl, table, self.cache,
+                        max_query_len=min(k + 1, n - R + 1), max_seq_len=ctx + k + 1,
                     )  # fmt: skip
 
                 run()
@@ -462,7 +462,7 @@ class Engine:
                 num_speculative_tokens=k,
                 max_model_len=self.max_model_len,
             )
-        adaptive = self.draft_policy == "adaptive" and k > 0
+        adaptive = self.adaptive
         B = len(running)
         planned = num_drafts
         n_query = B * (k + 1)  # the pass's static size: every proposed draft has a row
@@ -579,9 +579,6 @@ class Engine:
         most = min(batch * (self.k + 1), self.verify_cost.shape[0] - 1)
         return max(batch, min(most, batch + math.ceil(batch * share - 1e-9)))
 
-    def _record_plan(self, batch: int, n_wanted: list[int]) -> None:
-        self._recent_share.append(sum(n_wanted) / batch)
-
     @torch.inference_mode()
     def generate(
         self,
@@ -603,7 +600,7 @@ class Engine:
         sampled = any(sp.temperature > 0 for sp in params)
         use_top_p = any(sp.top_p < 1 for sp in params)
 
-        if self.draft_policy == "adaptive" and self.k > 0 and self.verify_cost is None:
+        if self.adaptive and self.verify_cost is None:
             self.calibrate()  # once per engine; its time is reported apart
         stats = RunStats()
         self._recent_share.clear()
@@ -625,8 +622,8 @@ class Engine:
             stats.query_tokens += n_query
             stats.batch_sizes.append(len(running))
             n_tok, n_com, reason, n_emit, n_draft, n_verified, n_wanted = back
-            if self.draft_policy == "adaptive" and self.k > 0:
-                self._record_plan(len(running), n_wanted)
+            if self.adaptive:  # drafts per request the uncapped plan wanted
+                self._recent_share.append(sum(n_wanted) / len(running))
             still = []
             for b, q in enumerate(running):
                 q.num_tokens = n_tok[b]
@@ -646,7 +643,7 @@ class Engine:
                 else:
                     still.append(q)
             running = still
-            if self.cost_slope is not None and self.draft_policy == "adaptive":
+            if self.cost_slope is not None and self.adaptive:
                 overheads.append(time.perf_counter() - t_step - self.cost_slope * n_query)
                 a = statistics.median(overheads)
                 if abs(a - self.cost_intercept) > 0.05 * self.cost_intercept:
