@@ -45,10 +45,11 @@ def _state(B: int) -> dict:
 
 def _plan_case(B: int) -> Case:
     st = _state(B)
-    args = (st["num_draft_tokens"], st["match_len"], st["acceptance"], st["verify_cost"])
+    args = (st["num_draft_tokens"], st["match_len"], st["verify_cost"], st["req_indices"])
+    acc = st["acceptance"]
     impls = {
-        OP: lambda: tuple(plan_draft_lengths(*args, st["req_indices"])),
-        "reference": lambda: ref.plan_draft_lengths(*args, st["req_indices"], max_num_tokens=None),
+        OP: lambda: tuple(plan_draft_lengths(*args, acceptance=acc)),
+        "reference": lambda: ref.plan_draft_lengths(*args, acc, max_num_tokens=None),
     }
 
     def check() -> str:
@@ -75,9 +76,9 @@ def _update_case(B: int) -> Case:
 
     def call(impl):
         if impl == OP:
-            update_acceptance_stats(state[impl], *rest, decay=0.8)
+            update_acceptance_stats(*rest, acceptance=state[impl], decay=0.8)
         else:
-            ref.update_acceptance_stats(state[impl], *rest, decay=0.8)
+            ref.update_acceptance_stats(*rest, state[impl], decay=0.8)
 
     impls = {impl: (lambda impl=impl: call(impl)) for impl in state}
 

@@ -2,7 +2,7 @@
 
 A step appends ``k + 1`` tokens to every request (what a verify step commits at most),
 extends the own-history index with them and proposes (``ngram_index_extend`` +
-``ngram_index_propose``, optionally with a shared corpus). Baselines in the same run:
+``ngram_propose`` on the index, optionally with a shared corpus). Baselines in the same run:
 ``numba`` (single-pass KMP over every history, the kind of proposer a CPU engine runs) and
 ``full_scan`` (the library's ``ngram_propose`` CPU path), both over the same histories.
 Their cost grows with the history length; the step's does not.
@@ -29,7 +29,6 @@ from specdec_kernels.ops import (
     new_ngram_index,
     ngram_index_build,
     ngram_index_extend,
-    ngram_index_propose,
     ngram_propose,
 )
 
@@ -75,7 +74,7 @@ class _History:
         self.L0, self.cap = L, L + room
         self.index = new_ngram_index(B, L + room, min_n=MIN_N, max_n=MAX_N)
         t0 = time.perf_counter()
-        ngram_index_build(self.token_ids, self.num_tokens, self.index)
+        ngram_index_build(self.token_ids, self.num_tokens, index=self.index)
         self.build_s = time.perf_counter() - t0
 
     @classmethod
@@ -90,7 +89,7 @@ class _History:
         """Commit the next k + 1 tokens of every row (rebuild from L0 if the room is used up)."""
         if int(self.num_tokens[0]) + k + 1 > self.cap:
             self.num_tokens.fill_(self.L0)
-            ngram_index_build(self.token_ids, self.num_tokens, self.index)
+            ngram_index_build(self.token_ids, self.num_tokens, index=self.index)
         self.num_tokens.add_(k + 1)
 
 
@@ -105,7 +104,7 @@ def _corpus(C: int):
     t0 = time.perf_counter()
     for i in range(0, count, 64):  # 64 finished requests per call
         part = docs[i : i + 64]
-        corpus_append(corpus, part, torch.full((part.shape[0],), doc, dtype=torch.int32))
+        corpus_append(part, torch.full((part.shape[0],), doc, dtype=torch.int32), corpus=corpus)
     return corpus, time.perf_counter() - t0
 
 
@@ -123,8 +122,8 @@ def build(spec: dict) -> Case:
             pending[0] = False
 
     def op():
-        ngram_index_extend(tok, nt, index)
-        out = ngram_index_propose(tok, nt, index, num_speculative_tokens=k, corpus=corpus)
+        ngram_index_extend(tok, nt, index=index)
+        out = ngram_propose(tok, nt, **kw, index=index, corpus=corpus)
         pending[0] = True
         return out
 
@@ -139,7 +138,7 @@ def build(spec: dict) -> Case:
     def check() -> str:
         hist.grow(k)
         out = op()
-        own = ngram_index_propose(tok, nt, index, num_speculative_tokens=k)
+        own = ngram_propose(tok, nt, **kw, index=index)
         want = ngram_propose(tok, nt, **kw)
         assert torch.equal(own.draft_token_ids, want.draft_token_ids), "index != ngram_propose"
         assert torch.equal(own.num_draft_tokens, want.num_draft_tokens), "index != ngram_propose"

@@ -359,8 +359,8 @@ def time_steps(fn, *, calls: int = 100, warmup: int = 10):
 
 
 def bench_ngram_index(rows: Rows, specs, *, graphs: bool = True) -> None:
-    """One decoding step (commit k + 1 tokens, ``ngram_index_extend``, ``ngram_index_propose``)
-    on the device at bench/cases_ngram_index.py's shapes, against the full rescan
+    """One decoding step (commit k + 1 tokens, ``ngram_index_extend``, ``ngram_propose`` on
+    the index) on the device at bench/cases_ngram_index.py's shapes, against the full rescan
     (``ngram_propose`` on the device, numba on the host); initial indexing timed once."""
     numba_fn = None
     if cases_ngram.numba_available():
@@ -379,7 +379,6 @@ def _ngram_index_case(rows, spec, numba_fn, graphs) -> None:
         new_ngram_index,
         ngram_index_build,
         ngram_index_extend,
-        ngram_index_propose,
         ngram_propose,
     )
 
@@ -394,7 +393,7 @@ def _ngram_index_case(rows, spec, numba_fn, graphs) -> None:
     index = new_ngram_index(B, L + room, device=DEVICE, **nk)
     _sync()
     t0 = time.perf_counter()
-    ngram_index_build(gtok, gnt, index)
+    ngram_index_build(gtok, gnt, index=index)
     _sync()
     build_s = time.perf_counter() - t0
     corpus = cpu_corpus = None
@@ -405,24 +404,22 @@ def _ngram_index_case(rows, spec, numba_fn, graphs) -> None:
     kw = {**nk, "num_speculative_tokens": k}
     # checks: the device index's own-history proposals == ngram_propose on the CPU; with a
     # corpus, the device proposals == the CPU path's over the same index and corpus
-    got = ngram_index_propose(gtok, gnt, index, num_speculative_tokens=k)
+    got = ngram_propose(gtok, gnt, **kw, index=index)
     want = ngram_propose(tok, nt, **kw)
-    assert _equal(tuple(got[:3]), tuple(want)), f"ngram_index CUDA != ngram_propose at {label}"
+    assert _equal(tuple(got), tuple(want)), f"ngram_index CUDA != ngram_propose at {label}"
     note = f"ngram_index {label}: CUDA index proposals == ngram_propose (CPU) exactly"
     if corpus is not None:
         cpu_index = index._replace(table=index.table.cpu(), length=index.length.cpu())
-        got_c = ngram_index_propose(gtok, gnt, index, num_speculative_tokens=k, corpus=corpus)
-        want_c = ngram_index_propose(
-            tok, nt, cpu_index, num_speculative_tokens=k, corpus=cpu_corpus
-        )
+        got_c = ngram_propose(gtok, gnt, **kw, index=index, corpus=corpus)
+        want_c = ngram_propose(tok, nt, **kw, index=cpu_index, corpus=cpu_corpus)
         assert _equal(tuple(got_c), tuple(want_c)), f"ngram_index corpus CUDA != CPU at {label}"
         note += "; with the corpus CUDA == CPU path exactly"
     rows.note(f"{note}; initial indexing of {B} x {L} tokens {build_s * 1e3:.1f} ms")
 
     def step():
         gnt.add_(k + 1)  # the commit (a real engine's commit_accepted_tokens)
-        ngram_index_extend(gtok, gnt, index)
-        return ngram_index_propose(gtok, gnt, index, num_speculative_tokens=k, corpus=corpus)
+        ngram_index_extend(gtok, gnt, index=index)
+        return ngram_propose(gtok, gnt, **kw, index=index, corpus=corpus)
 
     nbytes = cases.bytes_moved(B, k, corpus is not None)
     rows.add("ngram_index step", label, "op", "events", time_steps(step, calls=calls), nbytes)

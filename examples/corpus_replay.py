@@ -12,8 +12,8 @@ Two reproducible request streams (``--stream``):
   the prompt is the old version and the output the new one.
 
 Each stream is decoded twice, ``--batch`` requests at a time, admitted in order: with the
-own-history index only (``ngram_index_propose`` without a corpus: exactly
-``ngram_propose``'s drafts), then with the shared corpus, to which every finished request
+own-history index only (``ngram_propose`` with an index and no corpus: exactly the
+drafts of a scan), then with the shared corpus, to which every finished request
 (prompt + output) is appended. Per step the oracle accepts the longest draft prefix that
 equals the true continuation and emits one more token, as greedy verification would. The
 report gives tokens per step (output tokens / decode steps) for both, over the whole
@@ -45,7 +45,7 @@ from specdec_kernels.ops import (  # noqa: E402
     new_ngram_index,
     ngram_index_build,
     ngram_index_extend,
-    ngram_index_propose,
+    ngram_propose,
 )
 
 DEFAULT_COMMITS = "f8d699e..4916f35"
@@ -135,7 +135,9 @@ def replay(reqs, *, batch, k, min_n, max_n, corpus_tokens, use_corpus):
             nxt += 1
             taken.append(s)
         if taken:
-            ngram_index_build(token_ids, num_tokens, index, torch.tensor(taken, dtype=torch.int32))
+            ngram_index_build(
+                token_ids, num_tokens, torch.tensor(taken, dtype=torch.int32), index=index
+            )
 
     admit(range(B))
     j = torch.arange(k)
@@ -143,9 +145,10 @@ def replay(reqs, *, batch, k, min_n, max_n, corpus_tokens, use_corpus):
     while any(r >= 0 for r in slot_req):
         live = torch.tensor([r >= 0 for r in slot_req])
         req = torch.where(live, torch.arange(B), -1).to(torch.int32)
-        out = ngram_index_propose(
-            token_ids, num_tokens, index, req, num_speculative_tokens=k, corpus=corpus
-        )
+        out = ngram_propose(
+            token_ids, num_tokens, req, min_n=index.min_n, max_n=index.max_n,
+            num_speculative_tokens=k, index=index, corpus=corpus,
+        )  # fmt: skip
         L = num_tokens.long()
         pos = (L[:, None] + j).clamp(max=width - 1)
         match = (out.draft_token_ids == truth.gather(1, pos)) & (j < out.num_draft_tokens[:, None])
@@ -156,7 +159,7 @@ def replay(reqs, *, batch, k, min_n, max_n, corpus_tokens, use_corpus):
         rows = torch.arange(B)[:, None].expand_as(cols)
         token_ids[rows[keep], cols[keep]] = truth[rows[keep], cols[keep]]
         num_tokens += emitted.int()
-        ngram_index_extend(token_ids, num_tokens, index, req)
+        ngram_index_extend(token_ids, num_tokens, req, index=index)
         from_corpus = out.draft_source == 2
         for s in live.nonzero()[:, 0].tolist():
             st = stats[slot_req[s]]
@@ -166,7 +169,9 @@ def replay(reqs, *, batch, k, min_n, max_n, corpus_tokens, use_corpus):
         done = [s for s in range(B) if slot_req[s] >= 0 and num_tokens[s] >= total[s]]
         if done:
             if corpus is not None:  # finished requests join the corpus, in row order
-                corpus_append(corpus, token_ids, num_tokens, torch.tensor(done, dtype=torch.int32))
+                corpus_append(
+                    token_ids, num_tokens, torch.tensor(done, dtype=torch.int32), corpus=corpus
+                )
             admit(done)
     return stats
 

@@ -15,8 +15,10 @@ from specdec_kernels.constants import (
     FINISH_STOP,
     PAD_SLOT,
     PLACEHOLDER,
+    TIE_BREAKS,
 )
 from specdec_kernels.ops.commit import CommitResult, commit_accepted_tokens
+from specdec_kernels.ops.corpus import Corpus, corpus_append, new_corpus
 from specdec_kernels.ops.draft_plan import (
     DraftPlan,
     new_acceptance_stats,
@@ -25,15 +27,10 @@ from specdec_kernels.ops.draft_plan import (
 )
 from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
 from specdec_kernels.ops.ngram_index import (
-    Corpus,
-    IndexProposal,
     NgramIndex,
-    corpus_append,
-    new_corpus,
     new_ngram_index,
     ngram_index_build,
     ngram_index_extend,
-    ngram_index_propose,
 )
 from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample, sampling_offsets
 from specdec_kernels.ops.verify_inputs import (
@@ -53,9 +50,9 @@ __all__ = [
     "FINISH_STOP",
     "PAD_SLOT",
     "PLACEHOLDER",
+    "TIE_BREAKS",
     "CommitResult",
     "Corpus",
-    "IndexProposal",
     "NgramIndex",
     "DraftPlan",
     "NgramProposal",
@@ -70,7 +67,6 @@ __all__ = [
     "new_ngram_index",
     "ngram_index_build",
     "ngram_index_extend",
-    "ngram_index_propose",
     "ngram_propose",
     "plan_draft_lengths",
     "prepare_verify_inputs",

@@ -16,12 +16,28 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 NAMESPACE = "specdec"
 
 lib = torch.library.Library(NAMESPACE, "DEF")
+
+
+class OpInfo(NamedTuple):
+    """What :func:`define` registered for one op (read by the signature and conformance tests)."""
+
+    schema: str
+    cpu: Callable
+    cuda: str
+    """``"specdec_kernels.kernels.<family>:<launcher>"``; ``<family>`` also names the
+    reference (``specdec_kernels.reference.<family>``) and the CPU module."""
+    fake: Callable
+
+
+OPS: dict[str, OpInfo] = {}
+"""Every op of the namespace by name, in the order they were defined."""
 
 
 def _lazy(target: str) -> Callable:
@@ -51,6 +67,7 @@ def define(schema: str, *, cpu: Callable, cuda: str, fake: Callable) -> None:
     it is imported at the first CUDA call (see the module docstring).
     """
     name = schema.split("(", 1)[0]
+    OPS[name] = OpInfo(schema, cpu, cuda, fake)
     lib.define(schema)
     lib.impl(name, cpu, "CPU")
     lib.impl(name, _lazy(cuda), "CUDA")

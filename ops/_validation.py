@@ -77,6 +77,22 @@ def check_token_state(token_ids: object, num_tokens: object) -> tuple[torch.Tens
     return token_ids, num_tokens
 
 
+def check_n_range(min_n: object, max_n: object) -> None:
+    """The n-gram lengths ``1 <= min_n <= max_n``."""
+    check_int("min_n", min_n, min_value=1)
+    check_int("max_n", max_n, min_value=1)
+    if min_n > max_n:
+        raise ValueError(f"min_n must be <= max_n, got min_n={min_n}, max_n={max_n}")
+
+
+def check_state_tensor(name: str, t: object, **kw) -> torch.Tensor:
+    """:func:`check_tensor` for a tensor of a state object, which must also be contiguous."""
+    t = check_tensor(name, t, **kw)
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (it is state updated in place)")
+    return t
+
+
 def check_optional_tensor(name: str, t: object, **kw) -> torch.Tensor | None:
     """:func:`check_tensor` for an optional argument: ``None`` passes."""
     return None if t is None else check_tensor(name, t, **kw)
@@ -109,6 +125,18 @@ def batch_state_rows(req_indices: torch.Tensor | None, B: int) -> torch.Tensor:
         return torch.arange(B)
     rows = req_indices.long()
     return rows[rows >= 0]
+
+
+def check_batch_lengths(
+    num_tokens: torch.Tensor, req_indices: torch.Tensor | None, B: int, L_max: int
+) -> torch.Tensor:
+    """Value check: the lengths of the batch's state rows lie in ``[0, L_max]`` (only the
+    rows in the batch are read, so only they must be consistent). Returns those rows."""
+    rows = batch_state_rows(req_indices, B)
+    check_value_range(
+        "num_tokens", num_tokens[rows], 0, L_max, "token_ids.shape[1], for the rows in the batch"
+    )
+    return rows
 
 
 def _is_capturing(t: torch.Tensor) -> bool:

@@ -236,16 +236,16 @@ def commit_accepted_tokens(
         return None if t is None else t.contiguous()
 
     outs = torch.ops.specdec.commit_accepted_tokens(
-        token_ids,
-        num_tokens,
-        output_token_ids,
-        contiguous(num_emitted),
-        contiguous(req_indices),
-        stop_token_ids,
-        contiguous(num_prompt_tokens),
-        contiguous(min_tokens),
-        contiguous(max_tokens),
-        num_computed_tokens,
+        token_ids=token_ids,
+        num_tokens=num_tokens,
+        output_token_ids=output_token_ids,
+        num_emitted=contiguous(num_emitted),
+        req_indices=contiguous(req_indices),
+        stop_token_ids=stop_token_ids,
+        num_prompt_tokens=contiguous(num_prompt_tokens),
+        min_tokens=contiguous(min_tokens),
+        max_tokens=contiguous(max_tokens),
+        num_computed_tokens=num_computed_tokens,
         max_model_len=max_model_len,
     )
     return CommitResult(*outs)

@@ -45,7 +45,7 @@ class DraftPlan(NamedTuple):
 
 
 def _plan_fake(
-    num_draft_tokens, match_len, acceptance, verify_cost, req_indices, *, max_num_tokens
+    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens
 ):
     B = num_draft_tokens.shape[0]
     return (
@@ -55,8 +55,8 @@ def _plan_fake(
 
 
 define(
-    "plan_draft_lengths(Tensor num_draft_tokens, Tensor match_len, Tensor acceptance, "
-    "Tensor verify_cost, Tensor? req_indices, *, int? max_num_tokens) -> (Tensor, Tensor)",
+    "plan_draft_lengths(Tensor num_draft_tokens, Tensor match_len, Tensor verify_cost, "
+    "Tensor? req_indices, Tensor acceptance, *, int? max_num_tokens) -> (Tensor, Tensor)",
     cpu=_cpu.plan_draft_lengths,
     cuda="specdec_kernels.kernels.draft_plan:plan_draft_lengths",
     fake=_plan_fake,
@@ -64,23 +64,16 @@ define(
 
 
 def _update_fake(
-    acceptance,
-    draft_token_ids,
-    num_draft_tokens,
-    match_len,
-    output_token_ids,
-    num_emitted,
-    req_indices,
-    *,
-    decay,
-):
+    draft_token_ids, num_draft_tokens, match_len, output_token_ids, num_emitted, req_indices,
+    acceptance, *, decay,
+):  # fmt: skip
     return None
 
 
 define(
-    "update_acceptance_stats(Tensor(a!) acceptance, Tensor draft_token_ids, "
-    "Tensor num_draft_tokens, Tensor match_len, Tensor output_token_ids, Tensor num_emitted, "
-    "Tensor? req_indices, *, float decay) -> ()",
+    "update_acceptance_stats(Tensor draft_token_ids, Tensor num_draft_tokens, "
+    "Tensor match_len, Tensor output_token_ids, Tensor num_emitted, Tensor? req_indices, "
+    "Tensor(a!) acceptance, *, float decay) -> ()",
     cpu=_cpu.update_acceptance_stats,
     cuda="specdec_kernels.kernels.draft_plan:update_acceptance_stats",
     fake=_update_fake,
@@ -98,7 +91,8 @@ def new_acceptance_stats(
     """A fresh acceptance state for :func:`plan_draft_lengths`, every estimate at ``prior``.
 
     An engine resets the rows of newly admitted requests to the prior with
-    ``acceptance[r] = prior`` (a plain tensor write, capturable in a CUDA graph).
+    ``acceptance[r] = prior`` (a plain tensor write, capturable in a CUDA graph). Contract:
+    ``docs/design.md``, "Draft-length planning".
 
     Parameters
     ----------
@@ -124,6 +118,11 @@ def new_acceptance_stats(
     ------
     ValueError
         A negative size, ``num_classes < 1`` or ``prior`` outside ``[0, 1]``.
+
+    Examples
+    --------
+    >>> new_acceptance_stats(2, 3, num_classes=2, prior=0.8).shape
+    torch.Size([2, 2, 3])
     """
     check_int("num_rows", num_rows, min_value=0)
     check_int("num_speculative_tokens", num_speculative_tokens, min_value=0)
@@ -137,40 +136,22 @@ def new_acceptance_stats(
 def plan_draft_lengths(
     num_draft_tokens: torch.Tensor,
     match_len: torch.Tensor,
-    acceptance: torch.Tensor,
     verify_cost: torch.Tensor,
     req_indices: torch.Tensor | None = None,
     *,
+    acceptance: torch.Tensor,
     max_num_tokens: int | None = None,
     validate: bool | None = None,
 ) -> DraftPlan:
     """Choose how many of its proposed drafts each request verifies this step.
 
-    Request ``b`` (state row ``r = req_indices[b]``) proposed ``m_b = num_draft_tokens[b]``
-    drafts; with ``a_j = acceptance[r, c, j]`` the estimated probability that draft ``j``
-    is accepted given drafts ``0 .. j-1`` were (``c`` the class of ``match_len[b]``, see
-    :func:`new_acceptance_stats`), verifying ``k'_b`` drafts emits
-    ``E_b = 1 + sum_{j < k'_b} g_j`` tokens in expectation, where the gain
-    ``g_j = a_0 * .. * a_j`` of a further draft never increases with ``j``. The op returns
-    ``k'_b <= m_b`` (0 allowed) maximising the expected tokens per unit of verify cost,
-
-        ``(sum_b E_b) / verify_cost[B + sum_b k'_b]``,
-
-    exactly: for any total ``D`` the best plan takes the ``D`` largest gains (each
-    request's gains are non-increasing, so that is a prefix of each request), and the op
-    tries every ``D`` from 0 to the number of proposed drafts, capped so that
-    ``B + D <= max_num_tokens`` and ``B + D < len(verify_cost)``. Gains are quantised to
-    multiples of ``2**-24`` (``DRAFT_GAIN_SCALE``) and summed as integers, ties between
-    gains go to the lower position, then the lower batch row (equal gains are shared out
-    across requests), and a tie between values of
-    ``D`` to the smaller ``D``: the CPU path, the Triton kernel and the reference return
-    the same plan bit for bit. When no draft can pay for itself the plan is all zeros
-    (plain decoding), so speculation is never expected to be slower than none.
-
-    Padding rows (``req_indices[b] = -1``) count one query token each, as
-    ``prepare_verify_inputs`` lays them out, and get 0 drafts. No host synchronisation;
-    static output shapes. Calls ``torch.ops.specdec.plan_draft_lengths``. The planned
-    counts go straight into ``prepare_verify_inputs`` as ``num_draft_tokens``.
+    The plan ``k'_b <= num_draft_tokens[b]`` maximises the expected emitted tokens per
+    unit of verify cost, ``(B + sum of planned gains) / verify_cost[B + D]``, exactly over
+    ``D`` (the gain of draft ``j`` is ``a_0 * .. * a_j`` from the acceptance estimates);
+    it is all zeros when no draft pays. Bit for bit the same on every path; no host
+    synchronisation (``torch.ops.specdec.plan_draft_lengths``). The planned counts go
+    straight into ``prepare_verify_inputs``. Contract: ``docs/design.md``, "Draft-length
+    planning".
 
     Parameters
     ----------
@@ -178,22 +159,19 @@ def plan_draft_lengths(
         int32 ``[B]``, the drafts proposed for each batch row (``ngram_propose``), in
         ``[0, k]``.
     match_len : torch.Tensor
-        int32 ``[B]``, the n-gram length each proposal matched (``ngram_propose``'s
-        ``match_len``; any value with ``M = 1``).
-    acceptance : torch.Tensor
-        float32 ``[R, M, k]``, the per-row acceptance estimates in ``[0, 1]``
-        (:func:`new_acceptance_stats`, kept by :func:`update_acceptance_stats`).
+        int32 ``[B]``, each proposal's match length (``ngram_propose``'s ``match_len``).
     verify_cost : torch.Tensor
         float32 ``[T + 1]``, ``verify_cost[n]`` the cost of one verify pass of ``n`` query
-        tokens (any unit, e.g. seconds measured by the engine at start-up), positive and
-        finite for ``n >= B``; ``T >= B``. Entries past ``T`` are never needed: plans stop
-        at ``B + D <= T``.
+        tokens (any unit), positive and finite for ``n >= B``; ``T >= B``.
     req_indices : torch.Tensor, optional
-        int32 ``[B]``, the state row of each batch row, -1 for padding. Default
-        ``arange(B)`` (then ``B <= R``).
+        int32 ``[B]``, the state row of each batch row, -1 for padding (0 drafts, one
+        query token). Default ``arange(B)`` (then ``B <= R``).
+    acceptance : torch.Tensor
+        float32 ``[R, M, k]``, the acceptance estimates in ``[0, 1]``
+        (:func:`new_acceptance_stats`, kept by :func:`update_acceptance_stats`).
     max_num_tokens : int, optional
-        A static cap on the verify pass, ``B + sum_b k'_b <= max_num_tokens``
-        (``>= B``). ``None``: no cap beyond ``verify_cost``'s length.
+        A static cap on the verify pass, ``B + sum_b k'_b <= max_num_tokens`` (``>= B``).
+        None: no cap beyond ``verify_cost``'s length.
     validate : bool, optional
         Run the value checks (see Raises). Default: only for CPU tensors; never while
         compiling or capturing a CUDA graph.
@@ -201,8 +179,8 @@ def plan_draft_lengths(
     Returns
     -------
     DraftPlan
-        ``num_draft_tokens`` int32 ``[B]`` and ``expected_num_emitted`` float32 ``[B]``,
-        on the device of the inputs.
+        ``num_draft_tokens`` int32 ``[B]`` and ``expected_num_emitted`` float32 ``[B]``
+        (``1 +`` the planned gains; 0 for padding rows), on the inputs' device.
 
     Raises
     ------
@@ -211,6 +189,16 @@ def plan_draft_lengths(
         ``B * k > MAX_PLAN_SLOTS``; ``max_num_tokens < B``. With value checks:
         ``num_draft_tokens`` outside ``[0, k]``, ``acceptance`` outside ``[0, 1]``,
         ``verify_cost[B:]`` not positive and finite, ``req_indices`` outside ``[-1, R)``.
+
+    Examples
+    --------
+    >>> acceptance = new_acceptance_stats(2, 4, prior=0.9)
+    >>> cost = 1.0 + 0.01 * torch.arange(11, dtype=torch.float32)  # drafts are cheap
+    >>> plan = plan_draft_lengths(torch.tensor([4, 2], dtype=torch.int32),
+    ...                           torch.tensor([3, 3], dtype=torch.int32), cost,
+    ...                           acceptance=acceptance)
+    >>> plan.num_draft_tokens.tolist()
+    [4, 2]
     """
     num_draft_tokens = check_tensor("num_draft_tokens", num_draft_tokens, dtype=torch.int32, ndim=1)
     device = num_draft_tokens.device
@@ -245,18 +233,17 @@ def plan_draft_lengths(
             raise ValueError("verify_cost[B:] must be positive and finite (a cost per pass)")
 
     planned, expected = torch.ops.specdec.plan_draft_lengths(
-        num_draft_tokens.contiguous(),
-        match_len.contiguous(),
-        acceptance,
-        verify_cost.contiguous(),
-        None if req_indices is None else req_indices.contiguous(),
+        num_draft_tokens=num_draft_tokens.contiguous(),
+        match_len=match_len.contiguous(),
+        verify_cost=verify_cost.contiguous(),
+        req_indices=None if req_indices is None else req_indices.contiguous(),
+        acceptance=acceptance,
         max_num_tokens=max_num_tokens,
     )
     return DraftPlan(planned, expected)
 
 
 def update_acceptance_stats(
-    acceptance: torch.Tensor,
     draft_token_ids: torch.Tensor,
     num_draft_tokens: torch.Tensor,
     match_len: torch.Tensor,
@@ -264,37 +251,27 @@ def update_acceptance_stats(
     num_emitted: torch.Tensor,
     req_indices: torch.Tensor | None = None,
     *,
+    acceptance: torch.Tensor,
     decay: float = DEFAULT_DECAY,
     validate: bool | None = None,
 ) -> None:
-    """Update the acceptance estimates from this step's *proposed* drafts, in place.
+    """Update the acceptance estimates, in place, from this step's *proposed* drafts.
 
-    For request ``b`` (state row ``r``, class ``c`` of ``match_len[b]``) and positions
-    ``j = 0, 1, ..`` while ``j < min(num_draft_tokens[b], num_emitted[b], k)``: the
-    observation is ``x_j = [draft_token_ids[b, j] == output_token_ids[b, j]]`` and the
-    estimate moves to ``acceptance[r, c, j] * decay + (1 - decay) * x_j``; after the first
-    ``x_j = 0`` later positions are not observed (their estimates are conditional on it).
-    An exponentially decayed mean of Bernoulli observations, one per position and class.
-
-    Pass the drafts as *proposed* (``ngram_propose``), not as planned: whether proposed
-    draft ``j`` equals emitted token ``j`` is known for every ``j < num_emitted[b]`` even
-    when the plan verified fewer drafts (the emitted tokens are the target's own), so a
-    request throttled to 0 drafts still observes its first draft and can recover. With
-    coupled verification (``rejection_sample`` without draft probabilities) the emitted
-    tokens do not depend on the plan, so neither do the observations. No host
-    synchronisation; ``acceptance`` is mutated (``Tensor(a!)`` in the schema). Calls
-    ``torch.ops.specdec.update_acceptance_stats``.
+    For ``j`` below ``min(num_draft_tokens[b], num_emitted[b], k)`` and until the first
+    mismatch, ``a_j <- a_j * decay + (1 - decay) * [d_j == output_token_ids[b, j]]``.
+    Pass the drafts as proposed, not as planned: the emitted tokens are the target's own,
+    so a request planned down to 0 drafts still observes its first draft. No host
+    synchronisation (``torch.ops.specdec.update_acceptance_stats``). Contract:
+    ``docs/design.md``, "Draft-length planning".
 
     Parameters
     ----------
-    acceptance : torch.Tensor
-        float32 ``[R, M, k]``, the estimates (:func:`new_acceptance_stats`); mutated.
     draft_token_ids : torch.Tensor
         int32 ``[B, k]``, the proposed drafts, -1 padded.
     num_draft_tokens : torch.Tensor
         int32 ``[B]``, the proposed counts, in ``[0, k]``.
     match_len : torch.Tensor
-        int32 ``[B]``, the proposals' match lengths.
+        int32 ``[B]``, the proposals' match lengths (they select the class).
     output_token_ids : torch.Tensor
         int32 ``[B, k+1]``, the emitted tokens (``rejection_sample``).
     num_emitted : torch.Tensor
@@ -302,6 +279,8 @@ def update_acceptance_stats(
     req_indices : torch.Tensor, optional
         int32 ``[B]``, unique state rows, -1 for padding rows (not updated). Default
         ``arange(B)`` (then ``B <= R``).
+    acceptance : torch.Tensor
+        float32 ``[R, M, k]``, the estimates (:func:`new_acceptance_stats`); mutated.
     decay : float
         In ``[0, 1)``: the weight of the old estimate.
     validate : bool, optional
@@ -315,6 +294,18 @@ def update_acceptance_stats(
         outside ``[0, 1)``. With value checks: ``req_indices`` outside ``[-1, R)`` or
         repeated; ``num_draft_tokens`` outside ``[0, k]``; ``num_emitted`` outside
         ``[0, k+1]``.
+
+    Examples
+    --------
+    >>> acceptance = new_acceptance_stats(1, 2, prior=0.5)
+    >>> update_acceptance_stats(torch.tensor([[4, 5]], dtype=torch.int32),
+    ...                         torch.tensor([2], dtype=torch.int32),
+    ...                         torch.tensor([1], dtype=torch.int32),
+    ...                         torch.tensor([[4, 6, 0]], dtype=torch.int32),  # d_1 rejected
+    ...                         torch.tensor([2], dtype=torch.int32),
+    ...                         acceptance=acceptance, decay=0.5)
+    >>> acceptance[0, 0].tolist()
+    [0.75, 0.25]
     """
     acceptance = check_tensor("acceptance", acceptance, dtype=torch.float32, ndim=3)
     device = acceptance.device
@@ -348,12 +339,12 @@ def update_acceptance_stats(
         check_value_range("num_emitted", num_emitted, 0, k + 1, "k + 1")
 
     torch.ops.specdec.update_acceptance_stats(
-        acceptance,
-        draft_token_ids.contiguous(),
-        num_draft_tokens.contiguous(),
-        match_len.contiguous(),
-        output_token_ids.contiguous(),
-        num_emitted.contiguous(),
-        None if req_indices is None else req_indices.contiguous(),
+        draft_token_ids=draft_token_ids.contiguous(),
+        num_draft_tokens=num_draft_tokens.contiguous(),
+        match_len=match_len.contiguous(),
+        output_token_ids=output_token_ids.contiguous(),
+        num_emitted=num_emitted.contiguous(),
+        req_indices=None if req_indices is None else req_indices.contiguous(),
+        acceptance=acceptance,
         decay=float(decay),
     )

@@ -1,4 +1,9 @@
-"""``ngram_propose``: batched n-gram (prompt lookup) drafting on the device."""
+"""``ngram_propose``: batched n-gram (prompt lookup) drafting on the device.
+
+One op for every source of drafts: a scan of each request's history, or its own-history
+index (``ops/ngram_index.py``), and optionally the shared corpus (``ops/corpus.py``).
+Contract: ``docs/design.md``, "``ngram_propose``".
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,22 @@ from typing import NamedTuple
 
 import torch
 
+from specdec_kernels.constants import TIE_BREAKS
 from specdec_kernels.cpu import ngram as _cpu
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._validation import (
+    check_batch_lengths,
     check_int,
+    check_n_range,
+    check_optional_tensor,
+    check_req_indices,
     check_req_indices_values,
     check_shape,
-    check_tensor,
     check_token_state,
-    check_value_range,
     should_check_values,
 )
-
-TIE_BREAKS = ("first", "last")
+from specdec_kernels.ops.corpus import Corpus, check_corpus
+from specdec_kernels.ops.ngram_index import NgramIndex, check_index
 
 
 class NgramProposal(NamedTuple):
@@ -31,36 +39,42 @@ class NgramProposal(NamedTuple):
     match_len: torch.Tensor
     """int32 ``[B]``: the ``n`` of the n-gram whose continuation became the drafts, in
     ``[min_n, max_n]``; 0 for a row that got no draft."""
+    draft_source: torch.Tensor
+    """int8 ``[B]``: where the drafts come from: ``DRAFT_SOURCE_NONE`` (0, no drafts),
+    ``DRAFT_SOURCE_OWN`` (1, the request's own history), ``DRAFT_SOURCE_CORPUS`` (2)."""
 
 
 def _fake(
-    token_ids,
-    num_tokens,
-    req_indices,
-    max_draft_tokens,
-    *,
-    min_n,
-    max_n,
-    num_speculative_tokens,
-    max_model_len,
-    tie_break,
-):
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
+    num_speculative_tokens, max_model_len, tie_break,
+):  # fmt: skip
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
+    counts = token_ids.new_empty((B,), dtype=torch.int32)
     return (
         token_ids.new_empty((B, num_speculative_tokens), dtype=torch.int32),
-        token_ids.new_empty((B,), dtype=torch.int32),
-        token_ids.new_empty((B,), dtype=torch.int32),
+        counts,
+        torch.empty_like(counts),
+        token_ids.new_empty((B,), dtype=torch.int8),
     )
 
 
 define(
     "ngram_propose(Tensor token_ids, Tensor num_tokens, Tensor? req_indices, "
-    "Tensor? max_draft_tokens, *, int min_n, int max_n, int num_speculative_tokens, "
-    "int? max_model_len, str tie_break) -> (Tensor, Tensor, Tensor)",
+    "Tensor? max_draft_tokens, Tensor[]? index, Tensor[]? corpus, *, int min_n, int max_n, "
+    "int num_speculative_tokens, int? max_model_len, str tie_break) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
     cpu=_cpu.ngram_propose,
     cuda="specdec_kernels.kernels.ngram:ngram_propose",
     fake=_fake,
 )
+
+
+def _check_same_n(what: str, state, min_n: int, max_n: int) -> None:
+    if (state.min_n, state.max_n) != (min_n, max_n):
+        raise ValueError(
+            f"{what} was made for n in [{state.min_n}, {state.max_n}], but min_n={min_n}, "
+            f"max_n={max_n} were given: they must be equal"
+        )
 
 
 def ngram_propose(
@@ -74,115 +88,121 @@ def ngram_propose(
     max_model_len: int | None = None,
     max_draft_tokens: torch.Tensor | None = None,
     tie_break: str = "first",
+    index: NgramIndex | None = None,
+    corpus: Corpus | None = None,
     validate: bool | None = None,
 ) -> NgramProposal:
-    """Propose draft tokens by matching each request's newest n-gram against its history.
+    """Propose draft tokens by matching each request's newest n-gram against its history
+    (and the shared corpus): prompt lookup decoding (Saxena, 2023), vLLM's n-gram proposer.
 
-    Prompt lookup decoding (Saxena, 2023), with the semantics of vLLM's n-gram proposer
-    and Hugging Face's ``prompt_lookup_num_tokens``: for request ``b`` with history
-    ``seq = token_ids[r, :L]`` (``r = req_indices[b]``, ``L = num_tokens[r]``), try
-    ``n = max_n, max_n-1, ..., min_n`` and take the first ``n`` for which the suffix
-    ``seq[L-n:L]`` occurs at some start ``i`` with ``0 <= i <= L-n-1`` (the window may
-    overlap the suffix but must be followed by at least one token). Among the starts of
-    that ``n``, ``tie_break="first"`` picks the smallest ``i`` (vLLM's CPU proposer, HF)
-    and ``"last"`` the largest (most recent). The drafts are ``seq[i+n : i+n+m]`` with
-    ``m = min(k, max_draft_tokens[b], L-(i+n), max_model_len-L)``, clamped at 0.
-
-    Runs on the device with no host synchronisation; output shapes depend only on input
-    shapes and Python ints, so the call can be captured in a CUDA graph and traced by
-    ``torch.compile(fullgraph=True)``. Calls ``torch.ops.specdec.ngram_propose``.
+    For ``n = max_n .. min_n`` the first ``n`` whose suffix occurs earlier in the request
+    (at its first or last start, ``tie_break``) or, if not there, in the corpus (its most
+    recent occurrence) wins; the drafts are the tokens that follow, at most ``k``. Without
+    an index every history is scanned; with one, one table lookup per request and n gives
+    the same drafts. No host synchronisation, static shapes
+    (``torch.ops.specdec.ngram_propose``). Contract: ``docs/design.md``, "``ngram_propose``".
 
     Parameters
     ----------
     token_ids : torch.Tensor
         int32 ``[R, L_max]``, the persistent token history (prompt + committed output) of
-        every state row; entries at or past ``num_tokens[r]`` are ignored. Rows that no
-        ``req_indices`` entry names are never read. Any strides.
+        every state row; entries at or past ``num_tokens[r]`` and rows outside the batch
+        are never read. Any strides.
     num_tokens : torch.Tensor
         int32 ``[R]``, the history length ``L`` of each state row, ``0 <= L <= L_max``.
     req_indices : torch.Tensor, optional
-        int32 ``[B]``, the state row ``r`` of batch row ``b`` (vLLM's ``idx_mapping``);
-        ``-1`` marks a padding row of a static batch, which gets 0 drafts. Default
-        ``arange(R)``.
+        int32 ``[B]``, the state row of each batch row; -1 = padding row (0 drafts).
+        Default ``arange(R)``.
     min_n, max_n : int
-        The n-gram lengths tried, ``1 <= min_n <= max_n``; the longest match wins.
+        The n-gram lengths tried, ``1 <= min_n <= max_n`` (an index's or corpus's own).
     num_speculative_tokens : int
-        ``k >= 0``, the number of draft slots per request (static); ``k = 0`` returns
-        ``[B, 0]`` drafts, so plain decoding runs through the same ops.
+        ``k >= 0``, draft slots per request (static); ``k = 0`` returns ``[B, 0]`` drafts.
     max_model_len : int, optional
-        Drafts never take a request past this many tokens (``m <= max_model_len - L``).
-        ``None``: no such cap.
+        Drafts never take a request past this many tokens. None: no such cap.
     max_draft_tokens : torch.Tensor, optional
-        int32 ``[B]``, a per-request cap on the drafts (dynamic k); 0 disables the row.
+        int32 ``[B]``, a per-request cap on the drafts; 0 disables the row.
     tie_break : {"first", "last"}
-        Which matching window wins among those of the longest ``n``.
+        Which own-history start of the winning n gives the drafts.
+    index : NgramIndex, optional
+        The own-history index of ``token_ids`` (``new_ngram_index``), up to date:
+        ``index.length == num_tokens`` for the batch rows. None: scan the histories.
+    corpus : Corpus, optional
+        The shared corpus (``new_corpus``) to draft from too. None: own history only.
     validate : bool, optional
-        Run the value checks (see Raises). Default: only for CPU tensors. Never while
+        Run the value checks (see Raises). Default: only for CPU tensors; never while
         compiling or capturing a CUDA graph.
 
     Returns
     -------
     NgramProposal
-        ``draft_token_ids`` int32 ``[B, k]`` padded with -1 (``PLACEHOLDER``),
-        ``num_draft_tokens`` int32 ``[B]`` and ``match_len`` int32 ``[B]`` (the ``n`` of
-        the winning n-gram, 0 for a row without drafts: a signal of how far the drafts can
-        be trusted, e.g. for ``plan_draft_lengths``), on the device of ``token_ids``.
+        ``draft_token_ids`` int32 ``[B, k]`` (-1 padded), ``num_draft_tokens`` int32
+        ``[B]``, ``match_len`` int32 ``[B]`` (the winning n, 0 without drafts),
+        ``draft_source`` int8 ``[B]`` (0 none, 1 own history, 2 corpus).
 
     Raises
     ------
     ValueError
-        Wrong dtype, device, ndim or shape of any tensor; ``min_n < 1``,
-        ``min_n > max_n``, ``num_speculative_tokens < 0``, ``max_model_len < 1``, an
-        unknown ``tie_break``. With value checks: ``req_indices`` outside ``[-1, R)``,
-        ``num_tokens`` of a batch row's state row outside ``[0, L_max]``,
+        Wrong dtype, device, ndim or shape of any tensor; ``min_n < 1``, ``min_n > max_n``,
+        ``num_speculative_tokens < 0``, ``max_model_len < 1``, an unknown ``tie_break``;
+        an ``index`` or ``corpus`` malformed or made for another n range. With value
+        checks: ``req_indices`` outside ``[-1, R)``, ``num_tokens`` of a batch row outside
+        ``[0, L_max]`` or (with an index) not equal to ``index.length``,
         ``max_draft_tokens < 0``.
+
+    Examples
+    --------
+    >>> tokens = torch.tensor([[7, 8, 9, 10, 7, 8]], dtype=torch.int32)
+    >>> p = ngram_propose(tokens, torch.tensor([6], dtype=torch.int32),
+    ...                   min_n=1, max_n=2, num_speculative_tokens=3)
+    >>> p.draft_token_ids.tolist(), p.match_len.tolist()
+    ([[9, 10, 7]], [2])
     """
     token_ids, num_tokens = check_token_state(token_ids, num_tokens)
     device = token_ids.device
     R, L_max = token_ids.shape
-    B = R
-    if req_indices is not None:
-        req_indices = check_tensor(
-            "req_indices", req_indices, dtype=torch.int32, ndim=1, device=device
-        )
-        B = req_indices.shape[0]
+    B = check_req_indices(req_indices, "the batch", None, R, device)
+    B = R if B is None else B
+    max_draft_tokens = check_optional_tensor(
+        "max_draft_tokens", max_draft_tokens, dtype=torch.int32, ndim=1, device=device
+    )
     if max_draft_tokens is not None:
-        max_draft_tokens = check_tensor(
-            "max_draft_tokens", max_draft_tokens, dtype=torch.int32, ndim=1, device=device
-        )
         check_shape("max_draft_tokens", max_draft_tokens, (B,), "one cap per batch row")
-    check_int("min_n", min_n, min_value=1)
-    check_int("max_n", max_n, min_value=1)
-    if min_n > max_n:
-        raise ValueError(f"min_n must be <= max_n, got min_n={min_n}, max_n={max_n}")
+    check_n_range(min_n, max_n)
     check_int("num_speculative_tokens", num_speculative_tokens, min_value=0)
     if max_model_len is not None:
         check_int("max_model_len", max_model_len, min_value=1)
     if tie_break not in TIE_BREAKS:
         raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
+    if index is not None:
+        _check_same_n("index", check_index(index, token_ids), min_n, max_n)
+    if corpus is not None:
+        _check_same_n("corpus", check_corpus(corpus, device), min_n, max_n)
 
     if should_check_values([token_ids, num_tokens, req_indices, max_draft_tokens], validate):
         check_req_indices_values(req_indices, R, what="rows of token_ids")
-        # only the rows in the batch are read, so only they must be consistent
-        lengths = num_tokens if req_indices is None else num_tokens[req_indices[req_indices >= 0]]
-        check_value_range(
-            "num_tokens", lengths, 0, L_max, "token_ids.shape[1], for the rows in the batch"
-        )
+        rows = check_batch_lengths(num_tokens, req_indices, B, L_max)
+        if index is not None and not torch.equal(num_tokens[rows], index.length[rows]):
+            raise ValueError(
+                "index.length must equal num_tokens for the rows in the batch (call "
+                "ngram_index_extend after every commit, ngram_index_build at admission)"
+            )
         if max_draft_tokens is not None and max_draft_tokens.numel():
             if int(max_draft_tokens.min()) < 0:
                 raise ValueError(
                     f"max_draft_tokens must be >= 0, got {int(max_draft_tokens.min())}"
                 )
 
-    drafts, counts, match_len = torch.ops.specdec.ngram_propose(
-        token_ids,
-        num_tokens.contiguous(),
-        None if req_indices is None else req_indices.contiguous(),
-        None if max_draft_tokens is None else max_draft_tokens.contiguous(),
+    drafts, counts, match_len, source = torch.ops.specdec.ngram_propose(
+        token_ids=token_ids,
+        num_tokens=num_tokens.contiguous(),
+        req_indices=None if req_indices is None else req_indices.contiguous(),
+        max_draft_tokens=None if max_draft_tokens is None else max_draft_tokens.contiguous(),
+        index=None if index is None else [index.table, index.length],
+        corpus=None if corpus is None else [corpus.tokens, corpus.meta, corpus.index, corpus.state],
         min_n=min_n,
         max_n=max_n,
         num_speculative_tokens=num_speculative_tokens,
         max_model_len=max_model_len,
         tie_break=tie_break,
     )
-    return NgramProposal(drafts, counts, match_len)
+    return NgramProposal(drafts, counts, match_len, source)

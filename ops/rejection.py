@@ -381,16 +381,16 @@ def rejection_sample(
         offsets = torch.zeros((B,), dtype=torch.int64, device=device)
 
     out, num_emitted, logprobs = torch.ops.specdec.rejection_sample(
-        target_logits,
-        draft_token_ids.contiguous(),
-        cu.contiguous(),
-        draft_probs,
-        temperature,
-        None if top_k is None else top_k.clamp(max=2**31 - 1).to(torch.int32),
-        top_p,
-        min_p,
-        seeds,
-        offsets,
+        target_logits=target_logits,
+        draft_token_ids=draft_token_ids.contiguous(),
+        cu_num_draft_tokens=cu.contiguous(),
+        draft_probs=draft_probs,
+        temperature=temperature,
+        top_k=None if top_k is None else top_k.clamp(max=2**31 - 1).to(torch.int32),
+        top_p=top_p,
+        min_p=min_p,
+        seeds=seeds,
+        offsets=offsets,
         num_speculative_tokens=k,
         return_logprobs=bool(return_logprobs),
     )

@@ -192,10 +192,10 @@ def compute_slot_mapping(
         check_req_indices_values(req_indices, R)
 
     return torch.ops.specdec.compute_slot_mapping(
-        block_table,
-        positions.contiguous(),
-        query_start_loc.contiguous(),
-        None if req_indices is None else req_indices.contiguous(),
+        block_table=block_table,
+        positions=positions.contiguous(),
+        query_start_loc=query_start_loc.contiguous(),
+        req_indices=None if req_indices is None else req_indices.contiguous(),
         block_size=block_size,
         max_model_len=max_model_len,
     )
@@ -353,12 +353,12 @@ def prepare_verify_inputs(
         )
 
     outs = torch.ops.specdec.prepare_verify_inputs(
-        token_ids,
-        num_tokens.contiguous(),
-        draft_token_ids,
-        num_draft_tokens.contiguous(),
-        block_table,
-        None if req_indices is None else req_indices.contiguous(),
+        token_ids=token_ids,
+        num_tokens=num_tokens.contiguous(),
+        draft_token_ids=draft_token_ids,
+        num_draft_tokens=num_draft_tokens.contiguous(),
+        block_table=block_table,
+        req_indices=None if req_indices is None else req_indices.contiguous(),
         block_size=block_size,
         max_model_len=max_model_len,
     )

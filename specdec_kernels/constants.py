@@ -32,8 +32,12 @@ of ``1 / DRAFT_GAIN_SCALE``, so that its sums are exact in any order and the CPU
 Triton kernel and the reference choose the same plan bit for bit."""
 
 DRAFT_SOURCE_NONE, DRAFT_SOURCE_OWN, DRAFT_SOURCE_CORPUS = 0, 1, 2
-"""``ngram_index_propose``'s ``draft_source``: no drafts, the request's own history, the
-shared corpus."""
+"""``ngram_propose``'s ``draft_source``: no drafts, the request's own history, the shared
+corpus."""
+
+TIE_BREAKS = ("first", "last")
+"""``ngram_propose``'s ``tie_break`` values: which own-history occurrence of the longest
+matching n-gram gives the drafts (the earliest, as vLLM and Hugging Face; the latest)."""
 
 NGRAM_HASH_MASK = 0xFFFFFFFF
 NGRAM_HASH_FNV_OFFSET = 0x811C9DC5
@@ -55,4 +59,5 @@ __all__ = [
     "FINISH_STOP",
     "PAD_SLOT",
     "PLACEHOLDER",
+    "TIE_BREAKS",
 ]

@@ -52,7 +52,9 @@ def test_numba_kmp_baseline_equals_reference():
                 tok, lengths, rows, max_draft_tokens=caps, tie_break=tie_break, **kw
             )
             t = lambda a: None if a is None else torch.from_numpy(a)  # noqa: E731
-            want = reference_ngram(t(tok), t(lengths), t(rows), t(caps), tie_break=tie_break, **kw)
+            want = reference_ngram(
+                t(tok), t(lengths), t(rows), t(caps), None, None, tie_break=tie_break, **kw
+            )
             np.testing.assert_array_equal(got[0], want[0].numpy())
             np.testing.assert_array_equal(got[1], want[1].numpy())
 
@@ -63,7 +65,7 @@ def test_torch_eager_ngram_baseline_equals_reference():
     for tok, lengths, kw, _ in _random_ngram_batches(1, 150):
         tok_t, len_t = torch.from_numpy(tok), torch.from_numpy(lengths)
         got = ngram_propose_torch(tok_t, len_t, **kw)
-        want = reference_ngram(tok_t, len_t, None, None, tie_break="first", **kw)
+        want = reference_ngram(tok_t, len_t, None, None, None, None, tie_break="first", **kw)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 

@@ -73,6 +73,7 @@ def _generate(model, prompts, *, k, batch, stop_ids, max_tokens=None, params=Non
         min_n=1,
         max_n=3,
         stop_token_ids=stop_ids,
+        draft_policy="fixed",  # every proposed draft verified: the tests count them
     )
     if params is None:
         params = [SamplingParams(max_tokens=n) for n in max_tokens]
@@ -170,7 +171,7 @@ def test_shared_corpus_keeps_greedy_tokens_and_drafts_from_finished_requests(loa
     for corpus in (0, 4096):
         eng = Engine(
             model64, max_batch_size=1, max_model_len=512, num_speculative_tokens=4, min_n=1,
-            max_n=3, stop_token_ids=stop, corpus_tokens=corpus,
+            max_n=3, stop_token_ids=stop, corpus_tokens=corpus, draft_policy="fixed",
         )  # fmt: skip
         runs[corpus] = eng.generate(reqs, params)
     (plain, _), (with_corpus, s1) = runs[0], runs[4096]
@@ -183,7 +184,10 @@ def test_sampled_decoding_depends_on_seed_not_on_batch(loaded, model64, prompts)
     # A request's randomness is keyed by its seed and token positions only, so it gets the
     # same tokens alone or in a batch; other seeds give other tokens.
     def run(batch, seeds):
-        eng = Engine(model64, max_batch_size=batch, max_model_len=512, num_speculative_tokens=4)
+        eng = Engine(
+            model64, max_batch_size=batch, max_model_len=512, num_speculative_tokens=4,
+            draft_policy="fixed",
+        )  # fmt: skip
         params = [SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=s) for s in seeds]
         comps, _ = eng.generate(prompts, params)
         return [c.token_ids for c in comps]

@@ -44,18 +44,25 @@ def build(fn, consts, ptrs=None, ints=None):
 
 _NGRAM = r"""
 from specdec_kernels.kernels import ngram as K
+ptrs = {"keys_ptr": "*i64", "source_ptr": "*i8", "corpus_meta_ptr": "*i64",
+        "corpus_index_ptr": "*i64", "corpus_state_ptr": "*i64"}
 for tie_last in (False, True):
     for has_req in (False, True):
         absent = {} if has_req else dict(req_indices_ptr=None)  # None: an absent tensor
         build(K._ngram_scan_kernel,
               dict(MIN_N=2, MAX_N=5, HAS_REQ_INDICES=has_req, TIE_LAST=tie_last, BLOCK=1024,
-                   **absent),
-              {"keys_ptr": "*i64"})
-        absent = {} if has_req else dict(req_indices_ptr=None, max_draft_tokens_ptr=None)
-        build(K._ngram_finalize_kernel,
-              dict(HAS_REQ_INDICES=has_req, HAS_MAX_DRAFT=has_req, HAS_MAX_MODEL_LEN=has_req,
-                   TIE_LAST=tie_last, KEY_BLOCK=32, K_BLOCK=8, **absent),
-              {"keys_ptr": "*i64"})
+                   **absent), ptrs)
+        for index, corpus in ((False, False), (True, False), (False, True), (True, True)):
+            absent = {} if has_req else dict(req_indices_ptr=None, max_draft_tokens_ptr=None)
+            absent.update(dict(keys_ptr=None) if index else dict(index_ptr=None))
+            if not corpus:
+                absent.update({n: None for n in ("corpus_tokens_ptr", "corpus_meta_ptr",
+                                                 "corpus_index_ptr", "corpus_state_ptr")})
+            build(K._ngram_propose_kernel,
+                  dict(MIN_N=2, N=4, NB=4 if index or corpus else 1, HAS_REQ_INDICES=has_req,
+                       HAS_MAX_DRAFT=has_req, HAS_MAX_MODEL_LEN=has_req, HAS_INDEX=index,
+                       HAS_CORPUS=corpus, TIE_LAST=tie_last, KEY_BLOCK=32, K_BLOCK=8, **absent),
+                  ptrs)
 print("compiled")
 """
 
@@ -152,28 +159,29 @@ def test_bookkeeping_kernels_compile_for_the_gpu():
     compile_for_gpu(_BOOKKEEPING)
 
 
-# ---------------------------------------------------------------- ngram_index family (issue 11)
-
 _NGRAM_INDEX = r"""
 from specdec_kernels.kernels import ngram_index as K
-i64 = {"corpus_meta_ptr": "*i64", "corpus_index_ptr": "*i64", "corpus_state_ptr": "*i64",
-       "plan_ptr": "*i64", "source_ptr": "*i8"}
 for flag in (False, True):
-    build(K._index_clear_kernel, dict(N=4, HAS_REQ_INDICES=flag, BLOCK=4096))
+    absent = {} if flag else dict(req_indices_ptr=None)  # None: an absent tensor
+    build(K._index_clear_kernel, dict(N=4, HAS_REQ_INDICES=flag, BLOCK=4096, **absent))
     for scratch in (False, True):
         build(K._index_insert_kernel,
               dict(MIN_N=2, N=4, HAS_REQ_INDICES=flag, FROM_SCRATCH=scratch,
-                   BLOCK=256 if scratch else 16))
-        build(K._index_set_len_kernel, dict(HAS_REQ_INDICES=flag, FROM_SCRATCH=scratch, BLOCK=256))
-    build(K._corpus_plan_kernel, dict(HAS_REQ_INDICES=flag, BLOCK=256), i64)
-    build(K._corpus_write_kernel, dict(MIN_N=2, N=4, HAS_REQ_INDICES=flag, BLOCK=256), i64)
-    for corpus in (False, True):
-        build(K._index_propose_kernel,
-              dict(MIN_N=2, N=4, NB=4, HAS_REQ_INDICES=flag, HAS_MAX_DRAFT=flag,
-                   HAS_MAX_MODEL_LEN=not flag, HAS_CORPUS=corpus, TIE_LAST=flag, K_BLOCK=8), i64)
-build(K._index_propose_kernel,
-      dict(MIN_N=1, N=1, NB=1, HAS_REQ_INDICES=False, HAS_MAX_DRAFT=False,
-           HAS_MAX_MODEL_LEN=False, HAS_CORPUS=True, TIE_LAST=False, K_BLOCK=1), i64)
+                   BLOCK=256 if scratch else 16, **absent))
+        build(K._index_set_len_kernel,
+              dict(HAS_REQ_INDICES=flag, FROM_SCRATCH=scratch, BLOCK=256, **absent))
+print("compiled")
+"""
+
+_CORPUS = r"""
+from specdec_kernels.kernels import corpus as K
+i64 = {"corpus_meta_ptr": "*i64", "corpus_index_ptr": "*i64", "corpus_state_ptr": "*i64",
+       "plan_ptr": "*i64"}
+for flag in (False, True):
+    absent = {} if flag else dict(req_indices_ptr=None)  # None: an absent tensor
+    build(K._corpus_plan_kernel, dict(HAS_REQ_INDICES=flag, BLOCK=256, **absent), i64)
+    build(K._corpus_write_kernel, dict(MIN_N=2, N=4, HAS_REQ_INDICES=flag, BLOCK=256, **absent),
+          i64)
 print("compiled")
 """
 
@@ -184,5 +192,31 @@ def test_ngram_index_kernels_compile_for_the_gpu():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
+def test_corpus_kernels_compile_for_the_gpu():
+    compile_for_gpu(_CORPUS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
 def test_draft_plan_kernels_compile_for_the_gpu():
     compile_for_gpu(_DRAFT_PLAN)
+
+
+SCRIPTS = {"ngram": _NGRAM, "ngram_index": _NGRAM_INDEX, "corpus": _CORPUS,
+           "rejection": _REJECTION, "commit": _BOOKKEEPING, "verify_inputs": _BOOKKEEPING,
+           "draft_plan": _DRAFT_PLAN}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(SCRIPTS))
+def test_every_kernel_is_in_a_compile_script(family):
+    import importlib
+    import re
+
+    module = importlib.import_module(f"specdec_kernels.kernels.{family}")
+    kernels = {  # @triton.jit functions (interpreted or not) defined in the module
+        name
+        for name, obj in vars(module).items()
+        if name.endswith("_kernel") and hasattr(obj, "arg_names")
+        and getattr(getattr(obj, "fn", None), "__module__", None) == module.__name__
+    }  # fmt: skip
+    built = set(re.findall(r"\b[A-Z]\.(_\w+_kernel)\b", SCRIPTS[family]))
+    assert kernels and kernels <= built, f"not compiled for sm_90: {sorted(kernels - built)}"

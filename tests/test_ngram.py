@@ -1,211 +1,143 @@
-"""ngram_propose: named cases, CPU path == reference == Triton kernel, registration, errors."""
+"""ngram_propose: named cases (one table, by scan and by index), CPU path == reference ==
+Triton on random batches and schedules, errors.
+
+The own-history index must give exactly the scan's drafts, so every named case runs both
+ways; the corpus's semantics are tests/test_corpus.py's, the registration tiers
+tests/test_conformance.py's.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_kernels.cpu import ngram as cpu_ngram
-from specdec_kernels.kernels import ngram as triton_ngram
-from specdec_kernels.ops import ngram_propose
-from specdec_kernels.reference import ngram as ref_ngram
+from specdec_kernels.ops import (
+    new_corpus,
+    new_ngram_index,
+    ngram_index_build,
+    ngram_propose,
+)
+from tests.ngram_helpers import State, drafts_of, history, replay, schedules
 
-IMPLS = {
-    "reference": ref_ngram.ngram_propose,
-    "cpu": cpu_ngram.ngram_propose,
-    "triton": triton_ngram.ngram_propose,
-}
-
-
-def _history(rows: list[list[int]], width: int | None = None):
-    width = width or max(1, max((len(r) for r in rows), default=1))
-    token_ids = torch.full((len(rows), width), 99999, dtype=torch.int32)  # poison past L
-    for i, r in enumerate(rows):
-        token_ids[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
-    num_tokens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
-    return token_ids, num_tokens
+ALL = ["reference", "cpu", "triton", "public"]
+SOURCES = ["scan", "index"]
 
 
-def _run(
-    impl,
-    token_ids,
-    num_tokens,
-    req_indices=None,
-    max_draft_tokens=None,
-    *,
-    device=None,
-    min_n,
-    max_n,
-    k,
-    max_model_len=None,
-    tie_break="first",
-):
+def _run(impl, tok, nt, req=None, cap=None, *, source="scan", device=None, min_n, max_n, k,
+         mml=None, tie="first"):  # fmt: skip
+    """One proposal by ``impl``, from a scan or from an index built over the batch's rows."""
+    rows = None if req is None else torch.unique(req[req >= 0]).to(torch.int32)
     if impl == "public":
-        return tuple(
-            ngram_propose(
-                token_ids,
-                num_tokens,
-                req_indices,
-                min_n=min_n,
-                max_n=max_n,
-                num_speculative_tokens=k,
-                max_model_len=max_model_len,
-                max_draft_tokens=max_draft_tokens,
-                tie_break=tie_break,
-            )
-        )
-    fn = IMPLS[impl]
-    if impl == "triton" and device is None and torch.cuda.is_available():
-        device = torch.device("cuda")  # the launchers run on CPU tensors only when interpreted
-    if impl == "triton" and device is not None:
-        to = lambda t: None if t is None else t.to(device)  # noqa: E731
-        out = fn(
-            to(token_ids),
-            to(num_tokens),
-            to(req_indices),
-            to(max_draft_tokens),
-            min_n=min_n,
-            max_n=max_n,
-            num_speculative_tokens=k,
-            max_model_len=max_model_len,
-            tie_break=tie_break,
-        )
-        return tuple(o.cpu() for o in out)
-    return fn(
-        token_ids,
-        num_tokens,
-        req_indices,
-        max_draft_tokens,
-        min_n=min_n,
-        max_n=max_n,
-        num_speculative_tokens=k,
-        max_model_len=max_model_len,
-        tie_break=tie_break,
+        index = None
+        if source == "index":
+            index = new_ngram_index(tok.shape[0], max(tok.shape[1], 1), min_n=min_n, max_n=max_n)
+            ngram_index_build(tok, nt, rows, index=index)
+        out = ngram_propose(
+            tok, nt, req, min_n=min_n, max_n=max_n, num_speculative_tokens=k, max_model_len=mml,
+            max_draft_tokens=cap, tie_break=tie, index=index,
+        )  # fmt: skip
+        return tuple(out)
+    s = State(impl, tok.shape[0], max(tok.shape[1], 1), min_n=min_n, max_n=max_n, device=device)
+    if source == "index":
+        s.build(tok, nt, rows)
+    return s.propose(
+        tok, nt, req, cap, k=k, corpus=False, index=source == "index", mml=mml, tie=tie
     )
 
 
-def _drafts(out, b=0):
-    drafts, counts = out[:2]
-    n = int(counts[b])
-    assert (drafts[b, n:] == -1).all(), "slots past num_draft_tokens must hold -1"
-    return drafts[b, :n].tolist()
+def _i32(x):
+    return None if x is None else torch.tensor(x, dtype=torch.int32)
 
 
-ALL = ["reference", "cpu", "triton", "public"]
+# name, rows, req_indices, caps, n range and k (+ max_model_len, tie), drafts, match_len
+NAMED = [
+    ("longer-n-wins", [[9, 2, 3, 5, 1, 2, 3, 4, 1, 2, 3]], None, None,
+     dict(min_n=2, max_n=3, k=2), [[4, 1]], [3]),
+    ("match-len-zero-without-drafts", [[5, 6, 7, 5, 6], [1, 2, 3], [8, 9, 8, 9, 8, 9]],
+     [0, 1, 2, -1], [3, 3, 0, 3], dict(min_n=1, max_n=4, k=3), [[7, 5, 6], [], [], []],
+     [2, 0, 0, 0]),
+    ("req-indices-select-rows", [[1, 2, 3, 1, 2], [4, 4, 4, 4], [7, 8, 9, 7, 8]], [0, 2],
+     None, dict(min_n=2, max_n=2, k=2), [[3, 1], [9, 7]], [2, 2]),
+    ("max-model-len-10", [[1, 2, 3, 4, 5, 6, 1, 2]], None, None,
+     dict(min_n=2, max_n=2, k=4, mml=10), [[3, 4]], [2]),
+    ("max-model-len-9", [[1, 2, 3, 4, 5, 6, 1, 2]], None, None,
+     dict(min_n=2, max_n=2, k=4, mml=9), [[3]], [2]),
+    ("max-model-len-8", [[1, 2, 3, 4, 5, 6, 1, 2]], None, None,
+     dict(min_n=2, max_n=2, k=4, mml=8), [[]], [0]),
+    ("no-max-model-len", [[1, 2, 3, 4, 5, 6, 1, 2]], None, None,
+     dict(min_n=2, max_n=2, k=4), [[3, 4, 5, 6]], [2]),
+    ("n-range-k-not-a-power-of-two", [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5]], None, None,
+     dict(min_n=2, max_n=5, k=3), [[6, 7, 1]], [5]),
+    ("tie-first", [[1, 2, 3, 100, 1, 2, 3, 200, 1, 2, 3, 300, 1, 2, 3]], None, None,
+     dict(min_n=3, max_n=3, k=2, tie="first"), [[100, 1]], [3]),
+    ("tie-last", [[1, 2, 3, 100, 1, 2, 3, 200, 1, 2, 3, 300, 1, 2, 3]], None, None,
+     dict(min_n=3, max_n=3, k=2, tie="last"), [[300, 1]], [3]),
+    ("window-overlaps-the-suffix", [[1, 1, 1]], None, None, dict(min_n=2, max_n=2, k=3),
+     [[1]], [2]),
+    ("window-needs-a-following-token", [[5, 6]], None, None, dict(min_n=2, max_n=2, k=3),
+     [[]], [0]),
+    ("padding-rows-and-caps", [[1, 2, 3, 4, 1, 2], [5, 6, 7, 5, 6], [1, 2, 1, 2, 1, 2]],
+     [0, -1, 1, 2], [3, 3, 0, 1], dict(min_n=1, max_n=2, k=3), [[3, 4, 1], [], [], [1]],
+     [2, 0, 0, 2]),
+    ("full-row-and-short-history", [[4, 5, 4, 5, 4], [4]], None, None,
+     dict(min_n=2, max_n=3, k=4), [[5, 4], []], [3, 0]),
+    ("k-zero-is-plain-decoding", [[1, 2, 1, 2, 1]], None, None, dict(min_n=1, max_n=2, k=0),
+     [[]], [0]),
+    ("empty-history", [[], [3, 3]], None, None, dict(min_n=1, max_n=2, k=2), [[], [3]],
+     [0, 1]),
+]  # fmt: skip
 
 
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("impl", ALL)
-def test_longer_ngram_wins_over_shorter(impl, kernel_device):
-    t, n = _history([[9, 2, 3, 5, 1, 2, 3, 4, 1, 2, 3]])
-    out = _run(impl, t, n, device=kernel_device, min_n=2, max_n=3, k=2)
-    assert _drafts(out) == [4, 1]
-    assert out[2].tolist() == [3]  # match_len: the 3-gram "1 2 3" won
-
-
-@pytest.mark.parametrize("impl", ALL)
-def test_match_len_is_the_winning_n_and_zero_without_drafts(impl, kernel_device):
-    # rows: a 2-gram match; no match; a match whose drafts a cap removes; a padding row
-    t, n = _history([[5, 6, 7, 5, 6], [1, 2, 3], [8, 9, 8, 9, 8, 9]])
-    req = torch.tensor([0, 1, 2, -1], dtype=torch.int32)
-    cap = torch.tensor([3, 3, 0, 3], dtype=torch.int32)
-    out = _run(impl, t, n, req, cap, device=kernel_device, min_n=1, max_n=4, k=3)
-    assert out[1].tolist() == [3, 0, 0, 0]
-    assert out[2].dtype == torch.int32 and out[2].tolist() == [2, 0, 0, 0]
-
-
-@pytest.mark.parametrize("impl", ALL)
-def test_req_indices_select_rows_and_stale_row_is_not_read(impl, kernel_device):
-    t, n = _history([[1, 2, 3, 1, 2], [4, 4, 4, 4], [7, 8, 9, 7, 8]])
-    req = torch.tensor([0, 2], dtype=torch.int32)
-    out = _run(impl, t, n, req, device=kernel_device, min_n=2, max_n=2, k=2)
-    assert out[0].shape == (2, 2)
-    assert _drafts(out, 0) == [3, 1]
-    assert _drafts(out, 1) == [9, 7]
+@pytest.mark.parametrize(
+    ("rows", "req", "cap", "kw", "drafts", "match_len"),
+    [c[1:] for c in NAMED],
+    ids=[c[0] for c in NAMED],
+)
+def test_named_cases(impl, source, rows, req, cap, kw, drafts, match_len, kernel_device):
+    tok, nt = history(rows)
+    out = _run(impl, tok, nt, _i32(req), _i32(cap), source=source, device=kernel_device, **kw)
+    assert [drafts_of(out, b) for b in range(len(drafts))] == drafts
+    assert out[2].dtype == torch.int32 and out[2].tolist() == match_len
+    assert out[3].tolist() == [1 if d else 0 for d in drafts]  # draft_source: own history
 
 
 def test_rows_outside_req_indices_are_never_read():
     # Row 1 has an impossible length: reading it would index far past the history.
-    t, n = _history([[1, 2, 3, 1, 2], [4, 4, 4, 4], [7, 8, 9, 7, 8]])
-    n[1] = 10**6
-    req = torch.tensor([2, 0], dtype=torch.int32)
+    tok, nt = history([[1, 2, 3, 1, 2], [4, 4, 4, 4], [7, 8, 9, 7, 8]])
+    nt[1] = 10**6
     for impl in ("reference", "cpu"):
-        out = _run(impl, t, n, req, min_n=2, max_n=2, k=2)
-        assert _drafts(out, 0) == [9, 7] and _drafts(out, 1) == [3, 1]
+        for source in SOURCES:
+            out = _run(impl, tok, nt, _i32([2, 0]), source=source, min_n=2, max_n=2, k=2)
+            assert drafts_of(out, 0) == [9, 7] and drafts_of(out, 1) == [3, 1]
 
 
 @pytest.mark.parametrize("impl", ALL)
-@pytest.mark.parametrize(
-    ("max_model_len", "expected"), [(10, [3, 4]), (9, [3]), (8, []), (None, [3, 4, 5, 6])]
-)
-def test_max_model_len_caps_drafts(impl, max_model_len, expected, kernel_device):
-    t, n = _history([[1, 2, 3, 4, 5, 6, 1, 2]])
-    out = _run(impl, t, n, device=kernel_device, min_n=2, max_n=2, k=4, max_model_len=max_model_len)
-    assert _drafts(out) == expected
+def test_empty_batch_and_all_padding_batch_without_state_rows(impl, kernel_device):
+    tok, nt = torch.zeros((0, 8), dtype=torch.int32), torch.zeros((0,), dtype=torch.int32)
+    drafts, counts, match_len, source = _run(impl, tok, nt, device=kernel_device, min_n=2,
+                                             max_n=5, k=3)  # fmt: skip
+    assert drafts.shape == (0, 3) and counts.shape == match_len.shape == source.shape == (0,)
+    # R = 0 with padding rows: nothing may be read, not even num_tokens
+    out = _run(impl, tok, nt, _i32([-1, -1]), device=kernel_device, min_n=1, max_n=2, k=2)
+    assert out[0].tolist() == [[-1, -1], [-1, -1]]
+    assert out[1].tolist() == out[2].tolist() == out[3].tolist() == [0, 0]
 
 
-@pytest.mark.parametrize("impl", ALL)
-def test_empty_batch_returns_static_shapes(impl, kernel_device):
-    t = torch.zeros((0, 8), dtype=torch.int32)
-    n = torch.zeros((0,), dtype=torch.int32)
-    drafts, counts, _ = _run(impl, t, n, device=kernel_device, min_n=2, max_n=5, k=3)
-    assert drafts.shape == (0, 3) and counts.shape == (0,)
-
-
-@pytest.mark.parametrize("impl", ALL)
-def test_range_of_n_with_k_not_power_of_two(impl, kernel_device):
-    t, n = _history([[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5]])
-    out = _run(impl, t, n, device=kernel_device, min_n=2, max_n=5, k=3)
-    assert _drafts(out) == [6, 7, 1]
-
-
-@pytest.mark.parametrize("impl", ALL)
-@pytest.mark.parametrize(("tie_break", "expected"), [("first", [100, 1]), ("last", [300, 1])])
-def test_tie_break_first_and_last(impl, tie_break, expected, kernel_device):
-    t, n = _history([[1, 2, 3, 100, 1, 2, 3, 200, 1, 2, 3, 300, 1, 2, 3]])
-    out = _run(impl, t, n, device=kernel_device, min_n=3, max_n=3, k=2, tie_break=tie_break)
-    assert _drafts(out) == expected
-
-
-@pytest.mark.parametrize("impl", ALL)
-@pytest.mark.parametrize(("tokens", "expected"), [([1, 1, 1], [1]), ([5, 6], [])])
-def test_window_may_overlap_suffix_but_needs_a_following_token(
-    impl, tokens, expected, kernel_device
-):
-    t, n = _history([tokens])
-    out = _run(impl, t, n, device=kernel_device, min_n=2, max_n=2, k=3)
-    assert _drafts(out) == expected
-
-
-@pytest.mark.parametrize("impl", ALL)
-def test_padding_rows_and_per_request_caps(impl, kernel_device):
-    t, n = _history([[1, 2, 3, 4, 1, 2], [5, 6, 7, 5, 6], [1, 2, 1, 2, 1, 2]])
-    req = torch.tensor([0, -1, 1, 2], dtype=torch.int32)
-    cap = torch.tensor([3, 3, 0, 1], dtype=torch.int32)
-    out = _run(impl, t, n, req, cap, device=kernel_device, min_n=1, max_n=2, k=3)
-    assert [_drafts(out, b) for b in range(4)] == [[3, 4, 1], [], [], [1]]
-
-
-@pytest.mark.parametrize("impl", ALL)
-def test_full_row_and_short_history(impl, kernel_device):
-    # L == L_max (no spare column) and L < min_n in one batch.
-    t = torch.tensor([[4, 5, 4, 5, 4], [4, 0, 0, 0, 0]], dtype=torch.int32)
-    n = torch.tensor([5, 1], dtype=torch.int32)
-    out = _run(impl, t, n, device=kernel_device, min_n=2, max_n=3, k=4)
-    assert _drafts(out, 0) == [5, 4] and _drafts(out, 1) == []
-
-
-def test_non_contiguous_history_matches_contiguous(kernel_device):
-    base, n = _history([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 1, 4, 1, 5]] * 3)
+@pytest.mark.parametrize("source", SOURCES)
+def test_non_contiguous_history_matches_contiguous(source, kernel_device):
+    base, nt = history([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 1, 4, 1, 5]] * 3)
     wide = torch.zeros((6, base.shape[1] * 2), dtype=torch.int32)
     wide[::2, ::2] = base
     strided = wide[::2, ::2]
     assert not strided.is_contiguous()
-    expected = _run("reference", base, n, min_n=1, max_n=3, k=3)
+    want = _run("reference", base, nt, min_n=1, max_n=3, k=3)
     for impl in ("cpu", "triton", "public"):
-        out = _run(impl, strided, n, device=kernel_device, min_n=1, max_n=3, k=3)
-        assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1]), impl
+        out = _run(impl, strided, nt, source=source, device=kernel_device, min_n=1, max_n=3, k=3)
+        assert all(torch.equal(a, b) for a, b in zip(out, want, strict=True)), impl
 
 
 def test_kernel_spans_several_position_blocks(kernel_device):
@@ -214,12 +146,23 @@ def test_kernel_spans_several_position_blocks(kernel_device):
     seq = torch.randint(0, 50, (2500,), generator=g, dtype=torch.int32)
     seq[1800:1806] = torch.tensor([7, 7, 7, 7, 7, 8], dtype=torch.int32)
     seq[-5:] = 7
-    t, n = seq[None].clone(), torch.tensor([2500], dtype=torch.int32)
+    tok, nt = seq[None].clone(), torch.tensor([2500], dtype=torch.int32)
     for tie in ("first", "last"):
-        ref = _run("reference", t, n, min_n=3, max_n=5, k=4, tie_break=tie)
+        want = _run("reference", tok, nt, min_n=3, max_n=5, k=4, tie=tie)
         for impl in ("cpu", "triton"):
-            out = _run(impl, t, n, device=kernel_device, min_n=3, max_n=5, k=4, tie_break=tie)
-            assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]), (impl, tie)
+            out = _run(impl, tok, nt, device=kernel_device, min_n=3, max_n=5, k=4, tie=tie)
+            assert all(torch.equal(a, b) for a, b in zip(out, want, strict=True)), (impl, tie)
+
+
+@pytest.mark.parametrize("impl", ["cpu", "triton"])
+def test_max_n_far_above_the_history_length(impl, kernel_device):
+    tok, nt = history([[5, 6, 7, 5, 6, 7, 5]])
+    want = _run("reference", tok, nt, min_n=2, max_n=500, k=3)
+    out = _run(impl, tok, nt, device=kernel_device, min_n=2, max_n=500, k=3)
+    assert torch.equal(out[0], want[0]) and drafts_of(out) == [6, 7, 5]
+
+
+# ----------------------------------------------------------------------------- random
 
 
 @st.composite
@@ -249,90 +192,54 @@ def _batches(draw):
 @given(_batches())
 def test_cpu_and_triton_match_reference_on_random_batches(case):
     rows, width, min_n, max_n, k, req, cap, mml, tie = case
-    t, n = _history(rows, width)
-    req_t = None if req is None else torch.tensor(req, dtype=torch.int32)
-    cap_t = None if cap is None else torch.tensor(cap, dtype=torch.int32)
-    kw = dict(min_n=min_n, max_n=max_n, k=k, max_model_len=mml, tie_break=tie)
-    ref = _run("reference", t, n, req_t, cap_t, **kw)
+    tok, nt = history(rows, width)
+    kw = dict(min_n=min_n, max_n=max_n, k=k, mml=mml, tie=tie)
+    want = _run("reference", tok, nt, _i32(req), _i32(cap), **kw)
     for impl in ("cpu", "triton"):
-        out = _run(impl, t, n, req_t, cap_t, **kw)
-        assert torch.equal(out[0], ref[0]), (impl, out[0], ref[0])
-        assert torch.equal(out[1], ref[1]), (impl, out[1], ref[1])
-        assert torch.equal(out[2], ref[2]), (impl, out[2], ref[2])
+        out = _run(impl, tok, nt, _i32(req), _i32(cap), **kw)
+        assert all(torch.equal(a, b) for a, b in zip(out, want, strict=True)), (impl, out, want)
 
 
-# ---------------------------------------------------------------- registration
+@settings(max_examples=25)
+@given(_batches())
+def test_index_proposals_equal_the_scan_on_random_batches(case):
+    rows, width, min_n, max_n, k, req, cap, mml, tie = case
+    tok, nt = history(rows, width)
+    kw = dict(min_n=min_n, max_n=max_n, k=k, mml=mml, tie=tie)
+    want = _run("cpu", tok, nt, _i32(req), _i32(cap), **kw)
+    for impl in ("cpu", "triton"):
+        out = _run(impl, tok, nt, _i32(req), _i32(cap), source="index", **kw)
+        assert all(torch.equal(a, b) for a, b in zip(out, want, strict=True)), (impl, out, want)
 
 
-def _sample_args():
-    t, n = _history([[1, 2, 3, 1, 2, 3, 1], [4, 5, 4, 5]], width=10)
-    return t, n, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
+@given(schedules())
+def test_index_equals_the_scan_under_any_schedule(case):
+    got, want = replay("cpu", case, None, with_corpus=False)
+    for g, w in zip(got, want, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(g, w, strict=True)), (g, w)
 
 
-@pytest.mark.parametrize("poison", [-77, 12345])
-@pytest.mark.parametrize("tie_break", ["first", "last"])
-def test_kernel_writes_every_output_slot(poison, tie_break, monkeypatch, kernel_device):
-    # Rows with a match, without one, a padding row and a capped row: every draft slot,
-    # every count and every scratch key the finalize kernel reads must have been written.
-    t, n = _history([[1, 2, 3, 1, 2, 3, 1], [4, 5, 6], [7, 7, 7, 7, 7]], width=12)
-    req = torch.tensor([0, 1, -1, 2], dtype=torch.int32)
-    cap = torch.tensor([4, 4, 4, 1], dtype=torch.int32)
-    kw = dict(min_n=1, max_n=3, k=4, max_model_len=11, tie_break=tie_break)
-    want = _run("reference", t, n, req, cap, **kw)
-
-    def alloc(shape, dtype, device):
-        return torch.full(shape, poison, dtype=dtype, device=device)
-
-    monkeypatch.setattr(triton_ngram, "_empty", alloc)
-    got = _run("triton", t, n, req, cap, device=kernel_device, **kw)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+@settings(max_examples=12)
+@given(schedules(max_steps=4))
+def test_triton_index_equals_the_scan_under_any_schedule(case):
+    got, want = replay("triton", case, None, with_corpus=False)
+    for g, w in zip(got, want, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(g, w, strict=True)), (g, w)
 
 
-def test_opcheck():
-    t, n, req, cap = _sample_args()
-    for args, kwargs in [
-        ((t, n, req, cap), dict(min_n=1, max_n=3, num_speculative_tokens=3, max_model_len=12)),
-        ((t, n, None, None), dict(min_n=2, max_n=2, num_speculative_tokens=4, max_model_len=None)),
-    ]:
-        kwargs["tie_break"] = "first" if kwargs["max_model_len"] else "last"
-        torch.library.opcheck(torch.ops.specdec.ngram_propose.default, args, kwargs)
-
-
-def test_torch_compile_fullgraph():
-    t, n, req, cap = _sample_args()
-
-    def step(t, n, req, cap):
-        out = ngram_propose(
-            t,
-            n,
-            req,
-            min_n=1,
-            max_n=3,
-            num_speculative_tokens=3,
-            max_draft_tokens=cap,
-            max_model_len=12,
-        )
-        return out.draft_token_ids, out.num_draft_tokens
-
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    got, want = compiled(t, n, req, cap), step(t, n, req, cap)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
-# ---------------------------------------------------------------- errors
+# ----------------------------------------------------------------------------- errors
 
 
 def _call(**overrides):
-    t, n, req, cap = _sample_args()
+    tok, nt = history([[1, 2, 3, 1, 2, 3, 1], [4, 5, 4, 5]], width=10)
+    index = new_ngram_index(2, 10, min_n=1, max_n=3)
+    ngram_index_build(tok, nt, index=index)
     kw = dict(
-        token_ids=t,
-        num_tokens=n,
-        req_indices=req,
-        min_n=1,
-        max_n=3,
-        num_speculative_tokens=3,
-        max_draft_tokens=cap,
-    )
+        token_ids=tok, num_tokens=nt, req_indices=_i32([1, 0]), min_n=1, max_n=3,
+        num_speculative_tokens=3, max_draft_tokens=_i32([2, 3]),
+    )  # fmt: skip
+    if overrides.pop("with_index", False):
+        kw["index"] = index
     kw.update(overrides)
     return ngram_propose(**kw)
 
@@ -345,10 +252,7 @@ def _call(**overrides):
         (dict(num_tokens=torch.zeros(3, dtype=torch.int32)), r"num_tokens must have shape \(2,\)"),
         (dict(num_tokens=torch.zeros(2, dtype=torch.int64)), "num_tokens must have dtype int32"),
         (dict(req_indices=torch.zeros(2, 1, dtype=torch.int32)), "req_indices must be 1-D"),
-        (
-            dict(max_draft_tokens=torch.zeros(3, dtype=torch.int32)),
-            "max_draft_tokens must have shape",
-        ),
+        (dict(max_draft_tokens=_i32([0, 0, 0])), "max_draft_tokens must have shape"),
         (dict(min_n=0), "min_n must be >= 1"),
         (dict(min_n=3, max_n=2), "min_n must be <= max_n"),
         (dict(num_speculative_tokens=-1), "num_speculative_tokens must be >= 0"),
@@ -357,19 +261,15 @@ def _call(**overrides):
         (dict(max_model_len=0), "max_model_len must be >= 1"),
         (dict(max_model_len=2**63), r"max_model_len must fit in int64"),
         (dict(max_n=2**64), r"max_n must fit in int64"),
-        (
-            dict(req_indices=torch.tensor([0, 2], dtype=torch.int32)),
-            r"req_indices must lie in \[-1, 2\)",
-        ),
-        (dict(req_indices=torch.tensor([0, -2], dtype=torch.int32)), r"req_indices must lie in"),
-        (
-            dict(num_tokens=torch.tensor([11, 1], dtype=torch.int32)),
-            r"num_tokens must lie in \[0, 10\]",
-        ),
-        (
-            dict(max_draft_tokens=torch.tensor([-1, 1], dtype=torch.int32)),
-            "max_draft_tokens must be >= 0",
-        ),
+        (dict(req_indices=_i32([0, 2])), r"req_indices must lie in \[-1, 2\)"),
+        (dict(req_indices=_i32([0, -2])), r"req_indices must lie in"),
+        (dict(num_tokens=_i32([11, 1])), r"num_tokens must lie in \[0, 10\]"),
+        (dict(max_draft_tokens=_i32([-1, 1])), "max_draft_tokens must be >= 0"),
+        (dict(index=(1, 2)), "index must be an NgramIndex"),
+        (dict(with_index=True, min_n=2), r"index was made for n in \[1, 3\]"),
+        (dict(with_index=True, num_tokens=_i32([7, 3])), "index.length must equal num_tokens"),
+        (dict(corpus="corpus"), "corpus must be a Corpus"),
+        (dict(corpus=new_corpus(4, min_n=2, max_n=3)), r"corpus was made for n in \[2, 3\]"),
     ],
 )
 def test_bad_input_raises_value_error(overrides, match):
@@ -379,45 +279,18 @@ def test_bad_input_raises_value_error(overrides, match):
 
 def test_value_checks_can_be_turned_off():
     # validate=False skips the value checks (what a GPU caller gets by default).
-    out = _call(req_indices=torch.tensor([0, -1], dtype=torch.int32), validate=False)
+    out = _call(req_indices=_i32([0, -1]), validate=False)
     assert out.num_draft_tokens[1] == 0
 
 
 def test_meta_device_mismatch_is_reported():
-    t, n, req, cap = _sample_args()
+    tok, nt = history([[1, 2, 1]])
     with pytest.raises(ValueError, match="num_tokens must be on"):
-        ngram_propose(t, n.to("meta"), min_n=1, max_n=2, num_speculative_tokens=2)
-
-
-@pytest.mark.parametrize("impl", ALL)
-def test_k_zero_is_plain_decoding(impl, kernel_device):
-    t, n = _history([[1, 2, 1, 2, 1]])
-    drafts, counts, match_len = _run(impl, t, n, device=kernel_device, min_n=1, max_n=2, k=0)
-    assert drafts.shape == (1, 0) and counts.tolist() == [0] and match_len.tolist() == [0]
-
-
-@pytest.mark.parametrize("impl", ALL)
-def test_all_padding_batch_without_state_rows(impl, kernel_device):
-    # R = 0: nothing may be read, not even num_tokens.
-    t, n = torch.zeros((0, 8), dtype=torch.int32), torch.zeros((0,), dtype=torch.int32)
-    req = torch.tensor([-1, -1], dtype=torch.int32)
-    drafts, counts, match_len = _run(impl, t, n, req, device=kernel_device, min_n=1, max_n=2, k=2)
-    assert drafts.tolist() == [[-1, -1], [-1, -1]] and counts.tolist() == [0, 0]
-    assert match_len.tolist() == [0, 0]
+        ngram_propose(tok, nt.to("meta"), min_n=1, max_n=2, num_speculative_tokens=2)
 
 
 def test_value_checks_ignore_state_rows_outside_the_batch():
-    t, n = _history([[1, 2, 1, 2, 1], [0], [3, 4, 3, 4]], width=8)
-    n[1] = -1  # a stale row nobody schedules
-    out = ngram_propose(
-        t, n, torch.tensor([0, 2], dtype=torch.int32), min_n=1, max_n=2, num_speculative_tokens=2
-    )
+    tok, nt = history([[1, 2, 1, 2, 1], [0], [3, 4, 3, 4]], width=8)
+    nt[1] = -1  # a stale row nobody schedules
+    out = ngram_propose(tok, nt, _i32([0, 2]), min_n=1, max_n=2, num_speculative_tokens=2)
     assert out.draft_token_ids.tolist() == [[2, 1], [3, 4]]
-
-
-@pytest.mark.parametrize("impl", ["cpu", "triton"])
-def test_max_n_far_above_the_history_length(impl, kernel_device):
-    t, n = _history([[5, 6, 7, 5, 6, 7, 5]])
-    ref = _run("reference", t, n, min_n=2, max_n=500, k=3)
-    out = _run(impl, t, n, device=kernel_device, min_n=2, max_n=500, k=3)
-    assert torch.equal(out[0], ref[0]) and _drafts(out) == [6, 7, 5]

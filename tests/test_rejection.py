@@ -408,31 +408,19 @@ def test_inputs_unchanged(mode, kernel_device):
             assert torch.equal(t0, t2.cpu())
 
 
-@pytest.mark.parametrize("poison", [-77, 12345])
-def test_kernel_writes_every_output_slot(poison, monkeypatch, kernel_device):
-    def poisoned(shape, dtype, device):
-        fill = float("nan") if dtype.is_floating_point else poison
-        return torch.full(shape, fill, dtype=dtype, device=device)
-
-    monkeypatch.setattr(triton_rej, "_empty", poisoned)
-    b = make_batch(19, "mixed", B=5, k=3, V=11)
-    assert_same(run("triton", b, kernel_device), run("cpu", b))
-
-
-def test_search_pivot_count_does_not_change_results(kernel_device):
+def test_search_pivot_count_does_not_change_results(monkeypatch, kernel_device):
     """The threshold search is exact for any number of pivots per pass."""
     b = make_batch(23, "ties", B=3, k=1, V=29)
     want = run("cpu", b)
     args = tuple(None if t is None else t.to(kernel_device) for t in b.tensors())
     for pivots in (2, 16):
-        got = triton_rej.rejection_sample(
-            *args, num_speculative_tokens=b.k, return_logprobs=True, search_pivots=pivots
-        )
+        monkeypatch.setattr(triton_rej, "SEARCH_PIVOTS", pivots)
+        got = triton_rej.rejection_sample(*args, num_speculative_tokens=b.k, return_logprobs=True)
         assert_same(tuple(o.cpu() for o in got), want, what=f"{pivots} pivots")
 
 
 @pytest.mark.parametrize("pivots", [None, 16])
-def test_multi_block_vocabulary_agrees(pivots, kernel_device):
+def test_multi_block_vocabulary_agrees(pivots, monkeypatch, kernel_device):
     """V = 2500: several streaming blocks (running max, cumsum carry) and search blocks
     (some skipped once the search interval is narrow)."""
     b = make_batch(27, "filters", B=3, k=1, V=2500)
@@ -442,9 +430,8 @@ def test_multi_block_vocabulary_agrees(pivots, kernel_device):
     want = run("cpu", b)
     assert_same(run("reference", b), want)
     args = tuple(None if t is None else t.to(kernel_device) for t in b.tensors())
-    got = triton_rej.rejection_sample(
-        *args, num_speculative_tokens=b.k, return_logprobs=True, search_pivots=pivots
-    )
+    monkeypatch.setattr(triton_rej, "SEARCH_PIVOTS", pivots)
+    got = triton_rej.rejection_sample(*args, num_speculative_tokens=b.k, return_logprobs=True)
     assert_same(tuple(o.cpu() for o in got), want)
 
 
@@ -731,14 +718,6 @@ def _op_kwargs(b: Batch, logprobs: bool):
     return {"num_speculative_tokens": b.k, "return_logprobs": logprobs}
 
 
-@pytest.mark.parametrize("mode,logprobs", [("greedy", False), ("filters", True), ("probs", True)])
-def test_opcheck(mode, logprobs):
-    b = make_batch(47, mode, B=3, k=2, V=9)
-    torch.library.opcheck(
-        torch.ops.specdec.rejection_sample.default, b.tensors(), _op_kwargs(b, logprobs)
-    )
-
-
 def test_torch_op_returns_an_empty_logprobs_tensor_and_wrapper_none():
     b = make_batch(53, "sampled", B=2, k=1, V=5)
     out = torch.ops.specdec.rejection_sample(*b.tensors(), **_op_kwargs(b, False))
@@ -769,30 +748,6 @@ def test_seeds_and_offsets_go_together(given):
     for temperature in (b.temperature, None):  # with or without sampled rows
         with pytest.raises(ValueError, match=f"seeds and offsets go together: {given} .*{other}"):
             run("public", replace(b, temperature=temperature, **{other: None}))
-
-
-def test_torch_compile_fullgraph():
-    b = make_batch(61, "filters", B=3, k=2, V=12)
-
-    def step(logits, drafts, cu, temperature, top_k, top_p, min_p, seeds, offsets):
-        out = rejection_sample(
-            logits,
-            drafts,
-            cu,
-            num_speculative_tokens=2,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seeds=seeds,
-            offsets=offsets,
-            return_logprobs=True,
-        )
-        return out.output_token_ids, out.num_emitted, out.logprobs
-
-    args = (b.logits, b.drafts, b.cu, b.temperature, b.top_k, b.top_p, b.min_p, b.seeds, b.offsets)
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    assert_same(compiled(*args), step(*args))
 
 
 def test_torch_compile_fullgraph_draws_seeds_on_device():
@@ -923,102 +878,7 @@ def test_device_mismatch_raises():
         rejection_sample(*args.values(), **kw)
 
 
-# ---------------------------------------------------------------- GPU (bench/gpu_check.sh)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["sampled", "probs", "filters"])
-def test_gpu_large_vocab_tokens_agree_with_cpu_path(mode):
-    """Real vocabulary, bf16 logits: the GPU's approximate exp moves CDF boundaries by float
-    rounding only, so almost every token agrees with the CPU path; the rate is printed."""
-    b = make_batch(5, mode, B=64, k=3, V=151_936, dtype=torch.bfloat16)
-    cpu = run("cpu", b)
-    gpu = run("triton", b, torch.device("cuda"))
-    emitted = torch.arange(b.k + 1)[None, :] < torch.maximum(cpu[1], gpu[1])[:, None]
-    same, total = int(((cpu[0] == gpu[0]) & emitted).sum()), int(emitted.sum())
-    print(f"\nGPU/CPU token agreement ({mode}, V=151936): {same}/{total} = {same / total:.4%}")
-    assert same / total >= 0.95
-    torch.testing.assert_close(gpu[2], cpu[2], atol=1e-3, rtol=1e-4)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("sampled", [False, True])
-def test_gpu_rows_past_2_31_elements_use_int64_offsets(sampled):
-    V, B, k = 262_144, 2100, 3  # 8400 rows x 262144 > 2**31 elements
-    rows = B * (k + 1)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    logits = torch.randn(rows, V, device="cuda", dtype=torch.bfloat16, generator=g)
-    spike = torch.randint(0, V, (rows,), device="cuda", generator=g)
-    logits[torch.arange(rows, device="cuda"), spike] = 100.0  # a unique, certain maximum
-    per_request = spike.view(B, k + 1)
-    drafts = per_request[:, :k].reshape(-1).int().contiguous()
-    cu = torch.arange(0, k * B + 1, k, dtype=torch.int32, device="cuda")
-    kw = {}
-    if sampled:
-        kw = dict(
-            temperature=torch.ones(B, device="cuda"),
-            top_k=torch.full((B,), 5, dtype=torch.int32, device="cuda"),
-            top_p=torch.full((B,), 0.5, device="cuda"),
-            seeds=torch.arange(B, device="cuda"),
-            offsets=torch.zeros(B, dtype=torch.int64, device="cuda"),
-        )
-    out = rejection_sample(logits, drafts, cu, num_speculative_tokens=k, **kw)
-    assert torch.equal(out.output_token_ids, per_request.int())
-    assert (out.num_emitted == k + 1).all()
-
-
-@pytest.mark.gpu
-def test_gpu_cuda_graph_capture_and_replay():
-    b = make_batch(9, "filters", B=16, k=3, V=4096)
-    dev = {
-        name: None if t is None else t.cuda()
-        for name, t in zip(
-            (
-                "logits",
-                "drafts",
-                "cu",
-                "draft_probs",
-                "temperature",
-                "top_k",
-                "top_p",
-                "min_p",
-                "seeds",
-                "offsets",
-            ),
-            b.tensors(),
-            strict=True,
-        )
-    }
-
-    def step():
-        return rejection_sample(
-            dev["logits"],
-            dev["drafts"],
-            dev["cu"],
-            num_speculative_tokens=b.k,
-            temperature=dev["temperature"],
-            top_k=dev["top_k"],
-            top_p=dev["top_p"],
-            min_p=dev["min_p"],
-            seeds=dev["seeds"],
-            offsets=dev["offsets"],
-            return_logprobs=True,
-        )
-
-    eager = step()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm-up (compiles the kernels) outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    graph.replay()
-    torch.cuda.synchronize()
-    for a, c in zip(eager, captured, strict=True):
-        assert torch.equal(a, c)
+# ---------------------------------------------------------------- regressions
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy: 2 log2(e) / T = inf, 0 * inf
@@ -1326,3 +1186,121 @@ def test_cpu_path_keeps_no_autograd_graph_of_its_inputs():
         w = torch.randn(50, 50, requires_grad=True)
         rejection_sample(torch.randn(3, 50) @ w, drafts, cu, **kw)
     assert not cpu_rej._SCRATCH.buf.requires_grad
+
+
+def _i32t(x):
+    return torch.tensor(x, dtype=torch.int32)
+
+
+def test_rejection_sample_names_the_inclusive_exclusive_mix_up():
+    # Three requests with 2, 0, 3 drafts; vLLM's inclusive cu passed as is.
+    logits = torch.randn(5 + 3, 7)
+    drafts = _i32t([1, 2, 3, 4, 5])
+    inclusive = _i32t([2, 2, 5])
+    with pytest.raises(ValueError, match="cu_num_draft_tokens\\[0\\] must be 0.*inclusive"):
+        rejection_sample(logits, drafts, inclusive, num_speculative_tokens=3)
+    # ... and a per-request argument of length B tells the same story without value checks
+    temperature = torch.ones(3)
+    with pytest.raises(ValueError, match="temperature has 3 entries.*exclusive_cu_num_draft"):
+        rejection_sample(
+            logits, drafts, inclusive, num_speculative_tokens=3, temperature=temperature,
+            validate=False,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------- GPU (bench/gpu_check.sh)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["sampled", "probs", "filters"])
+def test_gpu_large_vocab_tokens_agree_with_cpu_path(mode):
+    """Real vocabulary, bf16 logits: the GPU's approximate exp moves CDF boundaries by float
+    rounding only, so almost every token agrees with the CPU path; the rate is printed."""
+    b = make_batch(5, mode, B=64, k=3, V=151_936, dtype=torch.bfloat16)
+    cpu = run("cpu", b)
+    gpu = run("triton", b, torch.device("cuda"))
+    emitted = torch.arange(b.k + 1)[None, :] < torch.maximum(cpu[1], gpu[1])[:, None]
+    same, total = int(((cpu[0] == gpu[0]) & emitted).sum()), int(emitted.sum())
+    print(f"\nGPU/CPU token agreement ({mode}, V=151936): {same}/{total} = {same / total:.4%}")
+    assert same / total >= 0.95
+    torch.testing.assert_close(gpu[2], cpu[2], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampled", [False, True])
+def test_gpu_rows_past_2_31_elements_use_int64_offsets(sampled):
+    V, B, k = 262_144, 2100, 3  # 8400 rows x 262144 > 2**31 elements
+    rows = B * (k + 1)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    logits = torch.randn(rows, V, device="cuda", dtype=torch.bfloat16, generator=g)
+    spike = torch.randint(0, V, (rows,), device="cuda", generator=g)
+    logits[torch.arange(rows, device="cuda"), spike] = 100.0  # a unique, certain maximum
+    per_request = spike.view(B, k + 1)
+    drafts = per_request[:, :k].reshape(-1).int().contiguous()
+    cu = torch.arange(0, k * B + 1, k, dtype=torch.int32, device="cuda")
+    kw = {}
+    if sampled:
+        kw = dict(
+            temperature=torch.ones(B, device="cuda"),
+            top_k=torch.full((B,), 5, dtype=torch.int32, device="cuda"),
+            top_p=torch.full((B,), 0.5, device="cuda"),
+            seeds=torch.arange(B, device="cuda"),
+            offsets=torch.zeros(B, dtype=torch.int64, device="cuda"),
+        )
+    out = rejection_sample(logits, drafts, cu, num_speculative_tokens=k, **kw)
+    assert torch.equal(out.output_token_ids, per_request.int())
+    assert (out.num_emitted == k + 1).all()
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_and_replay():
+    b = make_batch(9, "filters", B=16, k=3, V=4096)
+    dev = {
+        name: None if t is None else t.cuda()
+        for name, t in zip(
+            (
+                "logits",
+                "drafts",
+                "cu",
+                "draft_probs",
+                "temperature",
+                "top_k",
+                "top_p",
+                "min_p",
+                "seeds",
+                "offsets",
+            ),
+            b.tensors(),
+            strict=True,
+        )
+    }
+
+    def step():
+        return rejection_sample(
+            dev["logits"],
+            dev["drafts"],
+            dev["cu"],
+            num_speculative_tokens=b.k,
+            temperature=dev["temperature"],
+            top_k=dev["top_k"],
+            top_p=dev["top_p"],
+            min_p=dev["min_p"],
+            seeds=dev["seeds"],
+            offsets=dev["offsets"],
+            return_logprobs=True,
+        )
+
+    eager = step()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up (compiles the kernels) outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, c in zip(eager, captured, strict=True):
+        assert torch.equal(a, c)

@@ -128,7 +128,7 @@ class PublicOps:
             max_n=MAX_N,
             num_speculative_tokens=K,
             max_model_len=MAX_MODEL_LEN,
-        )
+        )[:3]
 
     def prepare(self, tok, nt, drafts, nd, bt, req):
         return prepare_verify_inputs(
@@ -165,12 +165,14 @@ class TritonLaunchers(PublicOps):
             nt,
             req,
             None,
+            None,
+            None,
             min_n=MIN_N,
             max_n=MAX_N,
             num_speculative_tokens=K,
             max_model_len=MAX_MODEL_LEN,
             tie_break="first",
-        )
+        )[:3]
 
     def prepare(self, tok, nt, drafts, nd, bt, req):
         return triton_verify.prepare_verify_inputs(

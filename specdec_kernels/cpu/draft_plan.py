@@ -36,13 +36,7 @@ def _estimates(acceptance, rows, match_len):
 
 
 def plan_draft_lengths(
-    num_draft_tokens: torch.Tensor,
-    match_len: torch.Tensor,
-    acceptance: torch.Tensor,
-    verify_cost: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    *,
-    max_num_tokens: int | None,
+    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens
 ) -> tuple[torch.Tensor, torch.Tensor]:
     B = num_draft_tokens.shape[0]
     K = acceptance.shape[2]
@@ -84,16 +78,9 @@ def plan_draft_lengths(
 
 
 def update_acceptance_stats(
-    acceptance: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
-    match_len: torch.Tensor,
-    output_token_ids: torch.Tensor,
-    num_emitted: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    *,
-    decay: float,
-) -> None:
+    draft_token_ids, num_draft_tokens, match_len, output_token_ids, num_emitted, req_indices,
+    acceptance, *, decay,
+) -> None:  # fmt: skip
     B = draft_token_ids.shape[0]
     M, K = acceptance.shape[1], acceptance.shape[2]
     if B == 0 or acceptance.shape[0] == 0:

@@ -1,4 +1,5 @@
-"""Vectorised torch n-gram index and shared corpus: the CPU path of the ``ngram_index`` ops.
+"""Vectorised torch own-history n-gram index: the CPU path of ``ngram_index_build`` /
+``_extend`` and the index lookup of ``ngram_propose``.
 
 Own-history index (``index`` int32 ``[R, N, S, 2]``: per row and n a linear-probing table
 of ``(first, last)`` starts, -1 = empty; the key of a slot is the n-gram at its ``first``,
@@ -12,19 +13,17 @@ Slots never empty again, so a key is never behind an empty slot and the table ho
 exactly one slot per distinct n-gram, whatever the order of the inserts. Long prefills go
 in chunks of positions, so the scratch stays bounded.
 
-Corpus: appends are a few flat gathers and one ``scatter_reduce(amax)`` per n over the new
-occurrences; a proposal looks up every suffix n-gram of the batch at once (own table
-window, then the corpus's two slots) and picks per row the longest n (own history first).
+A proposal looks up every suffix n-gram of the batch at once (:func:`suffix_keys`, one key
+per row and n) with read-only window probes and keeps per row the longest n found.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
-from specdec_kernels.constants import DRAFT_SOURCE_CORPUS as CORPUS
-from specdec_kernels.constants import DRAFT_SOURCE_OWN as OWN
 from specdec_kernels.constants import NGRAM_HASH_FNV_OFFSET as FNV_OFFSET
 from specdec_kernels.constants import NGRAM_HASH_FNV_PRIME as FNV_PRIME
 from specdec_kernels.constants import NGRAM_HASH_MASK as M32
@@ -65,14 +64,14 @@ def mix2(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 13)
 
 
-def _batch_rows(req_indices: torch.Tensor | None, R: int) -> torch.Tensor:
+def batch_rows(req_indices: torch.Tensor | None, R: int) -> torch.Tensor:
     if req_indices is None:
         return _ar(R)
     rows = req_indices.long()
     return rows[rows >= 0]
 
 
-class _Tokens:
+class Tokens:
     """``token_ids`` as a flat view of its storage: ``(r, c) -> flat[r * s0 + c * s1]``.
 
     One 1-D gather per lookup instead of 2-D advanced indexing (any strides, no copy).
@@ -186,13 +185,14 @@ def _insert(tokens, tab, S, N, rows, js, starts, ns, max_n):
         live = idx
 
 
-def _index_rows(token_ids, num_tokens, req_indices, index, index_len, *, min_n, from_scratch):
+def _index_rows(token_ids, num_tokens, req_indices, index, *, min_n, from_scratch):
+    index, index_len = index
     R, N, S, _ = index.shape
-    rows = _batch_rows(req_indices, R)
+    rows = batch_rows(req_indices, R)
     if rows.numel() == 0:
         return
     tab = index.view(-1)
-    tokens = _Tokens(token_ids)
+    tokens = Tokens(token_ids)
     L = num_tokens.index_select(0, rows).long()
     if from_scratch:
         index[rows] = -1
@@ -219,16 +219,12 @@ def _index_rows(token_ids, num_tokens, req_indices, index, index_len, *, min_n, 
     index_len.index_copy_(0, rows, torch.maximum(L, old).int())
 
 
-def ngram_index_build(token_ids, num_tokens, req_indices, index, index_len, *, min_n, max_n):
-    _index_rows(
-        token_ids, num_tokens, req_indices, index, index_len, min_n=min_n, from_scratch=True
-    )
+def ngram_index_build(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
+    _index_rows(token_ids, num_tokens, req_indices, index, min_n=min_n, from_scratch=True)
 
 
-def ngram_index_extend(token_ids, num_tokens, req_indices, index, index_len, *, min_n, max_n):
-    _index_rows(
-        token_ids, num_tokens, req_indices, index, index_len, min_n=min_n, from_scratch=False
-    )
+def ngram_index_extend(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
+    _index_rows(token_ids, num_tokens, req_indices, index, min_n=min_n, from_scratch=False)
 
 
 def _own_lookup(tokens, index, rows, js, key, ns, h):
@@ -256,184 +252,53 @@ def _own_lookup(tokens, index, rows, js, key, ns, h):
     return found, first, last
 
 
-# ----------------------------------------------------------------------------- corpus
+# ----------------------------------------------------------------------------- lookup
 
 
-def corpus_append(
-    doc_tokens,
-    doc_lens,
-    req_indices,
-    corpus_tokens,
-    corpus_meta,
-    corpus_index,
-    corpus_state,
-    *,
-    min_n,
-    max_n,
-):
-    C = corpus_tokens.shape[0]
-    N, H = corpus_index.shape
-    rows = _batch_rows(req_indices, doc_lens.shape[0])
-    if rows.numel() == 0:
-        return
-    D = doc_lens[rows].long()
-    rows, D = rows[D > 0], D[D > 0]
-    if rows.numel() == 0:
-        return
-    kept = D.clamp(max=C)  # a document longer than C keeps its last C tokens
-    end, lo = int(corpus_state[0]), int(corpus_state[1])
-    starts = end + torch.cumsum(kept, 0) - kept
-    new_end = end + int(kept.sum())
-    q = new_end - C
-    if q <= lo:
-        new_lo = lo
-    elif q < end:
-        ds, de = corpus_meta[q % C].tolist()
-        new_lo = q if ds == q else de
-    else:
-        new_lo = int(starts[starts >= q].min())
-    live = starts >= new_lo
-    rows, D, kept, starts = rows[live], D[live], kept[live], starts[live]
-    if rows.numel():
-        # flat view of the new live tokens: document d, offset t
-        doc = torch.repeat_interleave(torch.arange(rows.numel()), kept)
-        t = torch.arange(doc.numel()) - (torch.cumsum(kept, 0) - kept)[doc]
-        src_pos = D[doc] - kept[doc] + t
-        tok = doc_tokens[rows[doc], src_pos]
-        p = starts[doc] + t
-        slot = p % C
-        corpus_tokens[slot] = tok
-        corpus_meta[slot, 0] = starts[doc]
-        corpus_meta[slot, 1] = (starts + kept)[doc]
-        tok64 = tok.long()
-        max_n_ = min_n + N - 1
-        width = tok64.numel()
-        cols = (torch.arange(width)[:, None] + torch.arange(max_n_)).clamp(max=width - 1)
-        grams = tok64[cols]
-        for j in range(N):
-            n = min_n + j
-            ok = t + n < kept[doc]  # a following token in the same document
-            h = hash_ngrams(grams[ok], n)
-            pj = p[ok]
-            tab = corpus_index[j]
-            tab.scatter_reduce_(0, mix1(h) % H, pj, "amax")
-            tab.scatter_reduce_(0, mix2(h) % H, pj, "amax")
-    corpus_state[0] = new_end
-    corpus_state[1] = new_lo
+class SuffixKeys(NamedTuple):
+    """One key per (batch row, n) with ``L >= n``: the row's suffix n-gram."""
+
+    bb: torch.Tensor  # batch row
+    jj: torch.Tensor  # n - min_n
+    nn: torch.Tensor  # n
+    rows: torch.Tensor  # state row
+    key: torch.Tensor  # int32 [M, max_n], the n-gram, 0 past n
+    h: torch.Tensor  # its hash
 
 
-def _corpus_lookup(corpus_tokens, corpus_meta, corpus_index, corpus_state, js, key, ns, h):
-    """(found, p, doc_end) of the most recent live occurrence the corpus table keeps."""
-    C = corpus_tokens.shape[0]
-    N, H = corpus_index.shape
-    lo = corpus_state[1]
-    t = _ar(key.shape[1])
-    best = torch.full((js.numel(),), -1, dtype=torch.long)
-    for s in (mix1(h) % H, mix2(h) % H):
-        p = corpus_index[js, s]
-        ok = p >= lo
-        cand = corpus_tokens[(p.clamp(min=0)[:, None] + t) % C]
-        ok &= ((cand == key) | (t >= ns[:, None])).all(1)
-        best = torch.where(ok, torch.maximum(best, p), best)
-    found = best >= 0
-    doc_end = torch.where(found, corpus_meta[best.clamp(min=0) % C, 1], 0)
-    return found, best, doc_end
-
-
-# ----------------------------------------------------------------------------- propose
-
-
-def ngram_index_propose(
-    token_ids,
-    num_tokens,
-    index,
-    index_len,
-    req_indices,
-    max_draft_tokens,
-    corpus_tokens,
-    corpus_meta,
-    corpus_index,
-    corpus_state,
-    *,
-    min_n,
-    max_n,
-    num_speculative_tokens,
-    max_model_len,
-    tie_break,
-):
-    k = num_speculative_tokens
-    B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
-    drafts = torch.full((B, k), -1, dtype=torch.int32)
-    counts = torch.zeros(B, dtype=torch.int32)
-    match_len = torch.zeros(B, dtype=torch.int32)
-    source = torch.zeros(B, dtype=torch.int8)
-    if B == 0 or k == 0 or num_tokens.numel() == 0 or token_ids.shape[1] == 0:
-        return drafts, counts, match_len, source
-    N = max_n - min_n + 1
-    if req_indices is None:
-        rows = _ar(B)
-        active = torch.ones(B, dtype=torch.bool)
-    else:
-        rows = req_indices.long()
-        active = rows >= 0
-        rows = rows.clamp(min=0)
-    L = torch.where(active, num_tokens[rows].long(), 0)
-
-    # one key per (b, n): the suffix n-gram, where L >= n
+def suffix_keys(tokens, rows, L, active, *, min_n, max_n) -> SuffixKeys:
+    B, N = rows.numel(), max_n - min_n + 1
     ns = _ar(min_n, max_n + 1)
     bb = _ar(B).repeat_interleave(N)
     jj = _ar(N).repeat(B)
     nn = ns.repeat(B)
-    ok = active[bb] & (L[bb] >= nn)
-    bb, jj, nn = bb[ok], jj[ok], nn[ok]
-    rr = rows[bb]
+    ok = _where_idx(active[bb] & (L[bb] >= nn))
+    bb, jj, nn = _take(bb, ok), _take(jj, ok), _take(nn, ok)
+    rr = _take(rows, bb)
     t = _ar(max_n)
-    tokens = _Tokens(token_ids)
-    key = tokens.at(rr[:, None], (L[bb] - nn)[:, None] + t)
+    key = tokens.at(rr[:, None], (_take(L, bb) - nn)[:, None] + t)
     key = torch.where(t < nn[:, None], key, 0)
-    h = hash_ngrams(key.long(), nn)
-    own, first, last = _own_lookup(tokens, index, rr, jj, key, nn, h)
-    prio = torch.where(own, 2 * jj + 2, 0)
-    if corpus_tokens is not None:
-        cfound, cp, cend = _corpus_lookup(
-            corpus_tokens, corpus_meta, corpus_index, corpus_state, jj, key, nn, h
-        )
-        prio = torch.where(~own & cfound, 2 * jj + 1, prio)
-    else:
-        cfound = torch.zeros_like(own)
-        cp = cend = torch.zeros_like(first)
-    if bb.numel() == 0:
-        return drafts, counts, match_len, source
-    # per row: the highest priority (longest n, own history before the corpus)
+    return SuffixKeys(bb, jj, nn, rr, key, hash_ngrams(key.long(), nn))
+
+
+def longest_per_row(B: int, keys: SuffixKeys, found: torch.Tensor):
+    """Per batch row, the largest n whose key is ``found`` (0: none) and that key's index
+    (any valid index where n = 0)."""
+    M = keys.bb.numel()
+    if M == 0:
+        zero = torch.zeros(B, dtype=torch.long)
+        return zero, zero
     best = torch.full((B,), -1, dtype=torch.long)
-    key_b = prio * (bb.numel() + 1) + torch.arange(bb.numel())
-    best.scatter_reduce_(0, bb, torch.where(prio > 0, key_b, -1), "amax")
-    has = best >= 0
-    sel = (best % (bb.numel() + 1)).clamp(max=bb.numel() - 1)
-    from_own = has & own[sel]
-    from_corpus = has & ~own[sel] & cfound[sel]
-    n_sel = nn[sel]
-    i = first[sel] if tie_break == "first" else last[sel]
-    start_own = i + n_sel
-    start_c = cp[sel] + n_sel
-    avail = torch.where(from_own, L - start_own, cend[sel] - start_c)
-    cap = torch.full((B,), k, dtype=torch.long)
-    if max_draft_tokens is not None:
-        cap = torch.minimum(cap, max_draft_tokens.long())
-    if max_model_len is not None:
-        cap = torch.minimum(cap, max_model_len - L)
-    m = torch.where(from_own | from_corpus, torch.minimum(cap, avail).clamp(min=0), 0)
-    j = _ar(k)
-    take = j < m[:, None]
-    own_tok = tokens.at(rows[:, None], start_own[:, None] + j)
-    if corpus_tokens is not None:
-        C = corpus_tokens.shape[0]
-        c_tok = corpus_tokens[(start_c.clamp(min=0)[:, None] + j) % C].long()
-        tok = torch.where(from_own[:, None], own_tok, c_tok)
-    else:
-        tok = own_tok
-    drafts = torch.where(take, tok, -1).to(torch.int32)
-    src = torch.where(from_own, OWN, torch.where(from_corpus, CORPUS, 0))
-    source = torch.where(m > 0, src, 0).to(torch.int8)
-    match_len = torch.where(m > 0, n_sel, 0).to(torch.int32)
-    return drafts, m.to(torch.int32), match_len, source
+    best.scatter_reduce_(0, keys.bb, torch.where(found, keys.jj * M + _ar(M), -1), "amax")
+    sel = (best % M).clamp(min=0)
+    return torch.where(best >= 0, _take(keys.nn, sel), 0), sel
+
+
+def own_match(tokens, index, keys: SuffixKeys, B: int, *, tie_break):
+    """Per batch row: the longest n whose suffix occurs earlier in the row (0: none) and
+    the start of its drafts (after the ``tie_break`` occurrence)."""
+    k = keys
+    found, first, last = _own_lookup(tokens, index[0], k.rows, k.jj, k.key, k.nn, k.h)
+    n, sel = longest_per_row(B, keys, found)
+    i = _take(first if tie_break == "first" else last, sel) if found.numel() else n
+    return n, i + n

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import torch
+
 
 def next_pow2(x: int) -> int:
     """Smallest power of two >= max(x, 1)."""
     return 1 << max(int(x) - 1, 0).bit_length()
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every launcher's output and scratch allocation, called as ``_utils._empty``.
+
+    One place, so a test can swap it for a poisoned fill and see any slot a kernel leaves
+    unwritten (``tests/conformance.py``).
+    """
+    return torch.empty(shape, dtype=dtype, device=device)

@@ -14,15 +14,11 @@ import triton
 import triton.language as tl
 
 from specdec_kernels import constants
+from specdec_kernels.kernels import _utils
 from specdec_kernels.kernels._utils import next_pow2
 
 FINISH_STOP = tl.constexpr(constants.FINISH_STOP)  # jit functions read only constexpr globals
 FINISH_LENGTH = tl.constexpr(constants.FINISH_LENGTH)
-
-
-def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Output allocation (tests swap it for a poisoned fill to catch unwritten slots)."""
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 @triton.jit
@@ -139,9 +135,9 @@ def commit_accepted_tokens(
     """
     B, k1 = output_token_ids.shape
     device = token_ids.device
-    committed = _empty((B,), torch.int32, device)
-    finished = _empty((B,), torch.bool, device)
-    reason = _empty((B,), torch.int8, device)
+    committed = _utils._empty((B,), torch.int32, device)
+    finished = _utils._empty((B,), torch.bool, device)
+    reason = _utils._empty((B,), torch.int8, device)
     if B == 0:
         return committed, finished, reason
     has_stop = stop_token_ids is not None and stop_token_ids.shape[1] > 0

@@ -28,16 +28,12 @@ import triton
 import triton.language as tl
 
 from specdec_kernels import constants
+from specdec_kernels.kernels import _utils
 from specdec_kernels.kernels._utils import next_pow2
 
 GAIN_SCALE = tl.constexpr(constants.DRAFT_GAIN_SCALE)  # jit code reads only constexpr globals
 SLOT_BITS = tl.constexpr(24)
 SLOT_MASK = tl.constexpr((1 << 24) - 1)
-
-
-def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Output allocation (tests swap it for a poisoned fill to catch unwritten slots)."""
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 @triton.jit
@@ -161,20 +157,14 @@ def _update_kernel(
 
 
 def plan_draft_lengths(
-    num_draft_tokens: torch.Tensor,
-    match_len: torch.Tensor,
-    acceptance: torch.Tensor,
-    verify_cost: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    *,
-    max_num_tokens: int | None,
+    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the planning kernel; inputs are assumed validated (``B * k <= 2**14``)."""
     B = num_draft_tokens.shape[0]
     K = acceptance.shape[2]
     device = num_draft_tokens.device
-    planned = _empty((B,), torch.int32, device)
-    expected = _empty((B,), torch.float32, device)
+    planned = _utils._empty((B,), torch.int32, device)
+    expected = _utils._empty((B,), torch.float32, device)
     if B == 0:
         return planned, expected
     if acceptance.shape[0] == 0:  # no state rows: every batch row is padding
@@ -207,16 +197,9 @@ def plan_draft_lengths(
 
 
 def update_acceptance_stats(
-    acceptance: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
-    match_len: torch.Tensor,
-    output_token_ids: torch.Tensor,
-    num_emitted: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    *,
-    decay: float,
-) -> None:
+    draft_token_ids, num_draft_tokens, match_len, output_token_ids, num_emitted, req_indices,
+    acceptance, *, decay,
+) -> None:  # fmt: skip
     """Launch the update kernel (mutates ``acceptance``); inputs are assumed validated."""
     B = draft_token_ids.shape[0]
     K = acceptance.shape[2]

@@ -53,16 +53,12 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_kernels.kernels import _utils
 from specdec_kernels.kernels._utils import next_pow2
 from specdec_kernels.kernels.philox import philox_uniform
 
 LOG2E = tl.constexpr(1.4426950408889634)
 EXP2_MIN = tl.constexpr(-126.0)  # exp2(z) for z <= -126 would be subnormal: weight 0
-
-
-def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Output and scratch allocation (tests swap it for a poisoned fill: unwritten slots show)."""
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 @triton.jit
@@ -559,6 +555,12 @@ def _rejection_finalize_kernel(
         tl.store(logprobs_ptr + b * K1 + offs, tl.where(emit, lp, 0.0), mask=offs < K1)
 
 
+SEARCH_PIVOTS: int | None = None
+"""Thresholds a top-k/top-p search pass tests at once (a power of two; tests vary it).
+None: 16 on the GPU, where each pivot costs a compare per vocabulary entry, and 1024 under
+the interpreter, where passes (Python operations) cost and wide blocks are nearly free."""
+
+
 def rejection_sample(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -573,7 +575,6 @@ def rejection_sample(
     *,
     num_speculative_tokens: int,
     return_logprobs: bool,
-    search_pivots: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The CUDA implementation of ``specdec::rejection_sample`` (registered directly):
     launch the row and finalize kernels. Values are assumed validated; the op's one
@@ -581,10 +582,7 @@ def rejection_sample(
     ``require_seeds_and_offsets``: the layers may not share it) runs here too.
 
     Absent optional tensors go to the kernels as ``None`` (a constexpr there, guarded by
-    its ``HAS_*`` flag). ``search_pivots`` (a power of two) is the number of thresholds a
-    top-k/top-p search pass tests at once. Default: 16 on the GPU, where each pivot costs a
-    compare per vocabulary entry, and 1024 under the interpreter, where passes (Python
-    operations) cost and wide blocks are nearly free.
+    its ``HAS_*`` flag). The top-k/top-p search tests ``SEARCH_PIVOTS`` thresholds per pass.
     """
     if temperature is not None and (seeds is None or offsets is None):
         raise ValueError(
@@ -594,14 +592,14 @@ def rejection_sample(
     B = cu_num_draft_tokens.shape[0] - 1
     V = target_logits.shape[1]
     device = target_logits.device
-    out = _empty((B, K1), torch.int32, device)
-    num_emitted = _empty((B,), torch.int32, device)
-    logprobs = _empty((B, K1) if return_logprobs else (0,), torch.float32, device)
+    out = _utils._empty((B, K1), torch.int32, device)
+    num_emitted = _utils._empty((B,), torch.int32, device)
+    logprobs = _utils._empty((B, K1) if return_logprobs else (0,), torch.float32, device)
     if B == 0:
         return out, num_emitted, logprobs
-    row_tok = _empty((B, K1), torch.int32, device)
-    row_acc = _empty((B, K1), torch.int32, device)
-    row_lp = _empty((B, K1), torch.float32, device) if return_logprobs else None
+    row_tok = _utils._empty((B, K1), torch.int32, device)
+    row_acc = _utils._empty((B, K1), torch.int32, device)
+    row_lp = _utils._empty((B, K1), torch.float32, device) if return_logprobs else None
     # An empty draft buffer is never read (k_b = 0 everywhere) but is dereferenced under a
     # mask, so it needs a real pointer: any int32 tensor will do.
     drafts = draft_token_ids if draft_token_ids.numel() else cu_num_draft_tokens
@@ -635,7 +633,7 @@ def rejection_sample(
         LOGPROBS=return_logprobs,
         BLOCK=min(1024, max(16, next_pow2(V))),
         SEARCH_BLOCK=min(128, max(16, next_pow2(V))),
-        NPIV=search_pivots or (16 if target_logits.is_cuda else 1024),
+        NPIV=SEARCH_PIVOTS or (16 if target_logits.is_cuda else 1024),
     )
     _rejection_finalize_kernel[(B,)](
         cu_ptr=cu_num_draft_tokens,

@@ -34,17 +34,13 @@ import triton
 import triton.language as tl
 
 from specdec_kernels import constants
+from specdec_kernels.kernels import _utils
 from specdec_kernels.kernels._utils import next_pow2
 
 PAD_SLOT = tl.constexpr(constants.PAD_SLOT)  # jit functions may read only constexpr globals
 _SLOT_BLOCK = 1024
 _VERIFY_ROWS = 64
 _SCAN_BLOCK = 1024
-
-
-def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Output allocation (tests swap it for a poisoned fill to catch unwritten slots)."""
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 @triton.jit
@@ -277,7 +273,7 @@ def compute_slot_mapping(
     has_bt = block_table is not None
     T = positions.shape[0]
     B = query_start_loc.shape[0] - 1
-    slot_mapping = _empty((T,), torch.int64, positions.device)
+    slot_mapping = _utils._empty((T,), torch.int64, positions.device)
     if T == 0:
         return slot_mapping
     _slot_mapping_kernel[(triton.cdiv(T, _SLOT_BLOCK),)](
@@ -322,13 +318,13 @@ def prepare_verify_inputs(
     B, k = draft_token_ids.shape
     device = token_ids.device
     num_query = B * (k + 1)
-    input_ids = _empty((num_query,), torch.int32, device)
-    positions = _empty((num_query,), torch.int64, device)
-    qsl = _empty((B + 1,), torch.int32, device)
-    seq_lens = _empty((B,), torch.int32, device)
-    slot_mapping = _empty((num_query,), torch.int64, device)
-    cu = _empty((B + 1,), torch.int32, device)
-    flat_drafts = _empty((B * k,), torch.int32, device)
+    input_ids = _utils._empty((num_query,), torch.int32, device)
+    positions = _utils._empty((num_query,), torch.int64, device)
+    qsl = _utils._empty((B + 1,), torch.int32, device)
+    seq_lens = _utils._empty((B,), torch.int32, device)
+    slot_mapping = _utils._empty((num_query,), torch.int64, device)
+    cu = _utils._empty((B + 1,), torch.int32, device)
+    flat_drafts = _utils._empty((B * k,), torch.int32, device)
     outputs = (input_ids, positions, qsl, seq_lens, slot_mapping, cu, flat_drafts)
     if B == 0:
         qsl.zero_()

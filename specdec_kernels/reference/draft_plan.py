@@ -25,13 +25,7 @@ def _class(match_len: int, num_classes: int) -> int:
 
 
 def plan_draft_lengths(
-    num_draft_tokens: torch.Tensor,
-    match_len: torch.Tensor,
-    acceptance: torch.Tensor,
-    verify_cost: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    *,
-    max_num_tokens: int | None,
+    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Enumerate every ``D`` from 0 to the number of proposed drafts; keep the best."""
     B = num_draft_tokens.shape[0]
@@ -73,16 +67,9 @@ def plan_draft_lengths(
 
 
 def update_acceptance_stats(
-    acceptance: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
-    match_len: torch.Tensor,
-    output_token_ids: torch.Tensor,
-    num_emitted: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    *,
-    decay: float,
-) -> None:
+    draft_token_ids, num_draft_tokens, match_len, output_token_ids, num_emitted, req_indices,
+    acceptance, *, decay,
+) -> None:  # fmt: skip
     """For each observed position, ``a <- decay * a + (1 - decay) * [d_j == emitted_j]``."""
     B = draft_token_ids.shape[0]
     M, K = acceptance.shape[1], acceptance.shape[2]

@@ -1,0 +1,189 @@
+"""The shared corpus: ``new_corpus`` and ``corpus_append``.
+
+A ring of finished requests (and any text a caller adds) with an n-gram table that every
+request can draft from through ``ngram_propose(..., corpus=...)``, as SuffixDecoding /
+vLLM's ``suffix`` method and SGLang's shared n-gram trie do on the host. Contract:
+``docs/design.md``, "Shared corpus".
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from specdec_kernels.cpu import corpus as _cpu
+from specdec_kernels.ops._library import define
+from specdec_kernels.ops._memory import full
+from specdec_kernels.ops._validation import (
+    batch_state_rows,
+    check_int,
+    check_n_range,
+    check_req_indices,
+    check_req_indices_values,
+    check_shape,
+    check_state_tensor,
+    check_tensor,
+    check_value_range,
+    should_check_values,
+)
+
+
+class Corpus(NamedTuple):
+    """Shared corpus: a ring of documents and its n-gram table (made by :func:`new_corpus`)."""
+
+    tokens: torch.Tensor
+    """int32 ``[C]``: token at absolute position ``p`` lives in slot ``p % C``."""
+    meta: torch.Tensor
+    """int64 ``[C, 2]``: absolute ``(start, end)`` of the document holding each slot."""
+    index: torch.Tensor
+    """int64 ``[N, H]``: per n, the largest start hashed to each slot (-1 = none)."""
+    state: torch.Tensor
+    """int64 ``[2]``: ``(end, lo)``, the live window ``[lo, end)`` in absolute positions."""
+    min_n: int
+    max_n: int
+
+
+def _no_output(doc_tokens, doc_lens, req_indices, corpus, *, min_n, max_n):
+    return None
+
+
+define(
+    "corpus_append(Tensor doc_tokens, Tensor doc_lens, Tensor? req_indices, "
+    "Tensor(a!)[] corpus, *, int min_n, int max_n) -> ()",
+    cpu=_cpu.corpus_append,
+    cuda="specdec_kernels.kernels.corpus:corpus_append",
+    fake=_no_output,
+)
+
+
+def new_corpus(
+    capacity: int,
+    *,
+    min_n: int,
+    max_n: int,
+    index_slots: int | None = None,
+    device: torch.device | str | None = None,
+) -> Corpus:
+    """An empty shared corpus of ``capacity`` (``C``) tokens with ``index_slots`` (``H``) per n.
+
+    Default ``H = 4 * C``. Memory ``C x 20 + (max_n - min_n + 1) x H x 8`` bytes (1M tokens,
+    4 n: 148 MiB). A lookup may miss, never errs; the loss rate is in the contract:
+    ``docs/design.md``, "Shared corpus".
+
+    Raises
+    ------
+    ValueError
+        ``capacity < 1``, ``index_slots < 1``, a bad n range.
+
+    Examples
+    --------
+    >>> corpus = new_corpus(1000, min_n=2, max_n=4)
+    >>> tuple(corpus.index.shape), corpus.state.tolist()
+    ((3, 4000), [0, 0])
+    """
+    check_int("capacity", capacity, min_value=1)
+    check_n_range(min_n, max_n)
+    H = 4 * capacity if index_slots is None else check_int("index_slots", index_slots, min_value=1)
+    N = max_n - min_n + 1
+    return Corpus(
+        torch.zeros((capacity,), dtype=torch.int32, device=device),
+        torch.zeros((capacity, 2), dtype=torch.int64, device=device),
+        full((N, H), -1, dtype=torch.int64, device=device),
+        torch.zeros((2,), dtype=torch.int64, device=device),
+        min_n,
+        max_n,
+    )
+
+
+def check_corpus(corpus: object, device: torch.device) -> Corpus:
+    """A well-formed :class:`Corpus` on ``device``."""
+    if not isinstance(corpus, Corpus):
+        raise ValueError(f"corpus must be a Corpus (new_corpus), got {type(corpus).__name__}")
+    check_n_range(corpus.min_n, corpus.max_n)
+    kw = dict(ndim=1, device=device)
+    tokens = check_state_tensor("corpus.tokens", corpus.tokens, dtype=torch.int32, **kw)
+    C = tokens.shape[0]
+    if C < 1:
+        raise ValueError("corpus.tokens must hold at least one token slot")
+    meta = check_state_tensor("corpus.meta", corpus.meta, dtype=torch.int64, ndim=2, device=device)
+    check_shape("corpus.meta", meta, (C, 2), "(start, end) per token slot")
+    index = check_state_tensor(
+        "corpus.index", corpus.index, dtype=torch.int64, ndim=2, device=device
+    )
+    N = corpus.max_n - corpus.min_n + 1
+    if index.shape[0] != N or index.shape[1] < 1:
+        raise ValueError(
+            f"corpus.index must have shape ({N}, H >= 1) (max_n - min_n + 1), got "
+            f"{tuple(index.shape)}"
+        )
+    state = check_state_tensor("corpus.state", corpus.state, dtype=torch.int64, **kw)
+    check_shape("corpus.state", state, (2,), "(end, lo)")
+    return corpus
+
+
+def corpus_append(
+    doc_tokens: torch.Tensor,
+    doc_lens: torch.Tensor,
+    req_indices: torch.Tensor | None = None,
+    *,
+    corpus: Corpus,
+    validate: bool | None = None,
+) -> None:
+    """Append one immutable document per batch row to the shared corpus, oldest first.
+
+    Batch row ``b`` appends ``doc_tokens[r, :doc_lens[r]]`` (``r = req_indices[b]``; -1 or
+    a zero length appends nothing): a finished request's prompt + output (pass the
+    persistent ``token_ids``, ``num_tokens`` and ``where(finished, req_indices, -1)``), or
+    any text. When the ring is full, whole documents are evicted, oldest first. In place,
+    no host synchronisation (``torch.ops.specdec.corpus_append``). Contract:
+    ``docs/design.md``, "Shared corpus".
+
+    Parameters
+    ----------
+    doc_tokens : torch.Tensor
+        int32 ``[R, W]``, document tokens (e.g. the persistent ``token_ids``). Any strides.
+    doc_lens : torch.Tensor
+        int32 ``[R]``, document lengths, ``0 <= doc_lens[r] <= W``.
+    req_indices : torch.Tensor, optional
+        int32 ``[B]``, rows of ``doc_tokens`` to append, in order (oldest first); -1 =
+        nothing. Default: every row.
+    corpus : Corpus
+        The shared corpus (:func:`new_corpus`), updated in place.
+    validate : bool, optional
+        Run the value checks. Default: only for CPU tensors.
+
+    Raises
+    ------
+    ValueError
+        Wrong dtype, device, ndim or shape; a malformed ``corpus``. With value checks:
+        ``req_indices`` outside ``[-1, R)``; ``doc_lens`` of a batch row outside ``[0, W]``.
+
+    Examples
+    --------
+    >>> corpus = new_corpus(100, min_n=2, max_n=2)
+    >>> docs = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]], dtype=torch.int32)
+    >>> corpus_append(docs, torch.tensor([3, 4], dtype=torch.int32), corpus=corpus)
+    >>> corpus.state.tolist()  # (end, lo): 7 live tokens
+    [7, 0]
+    """
+    doc_tokens = check_tensor("doc_tokens", doc_tokens, dtype=torch.int32, ndim=2)
+    device = doc_tokens.device
+    doc_lens = check_tensor("doc_lens", doc_lens, dtype=torch.int32, ndim=1, device=device)
+    R, W = doc_tokens.shape
+    check_shape("doc_lens", doc_lens, (R,), "one length per row of doc_tokens")
+    corpus = check_corpus(corpus, device)
+    B = check_req_indices(req_indices, "the batch", None, R, device)
+    B = R if B is None else B
+    if should_check_values([doc_tokens, doc_lens, req_indices, corpus.state], validate):
+        check_req_indices_values(req_indices, R, what="rows of doc_tokens")
+        rows = batch_state_rows(req_indices, B)
+        check_value_range("doc_lens", doc_lens[rows], 0, W, "doc_tokens.shape[1], for the batch")
+    torch.ops.specdec.corpus_append(
+        doc_tokens=doc_tokens,
+        doc_lens=doc_lens.contiguous(),
+        req_indices=None if req_indices is None else req_indices.contiguous(),
+        corpus=[corpus.tokens, corpus.meta, corpus.index, corpus.state],
+        min_n=corpus.min_n,
+        max_n=corpus.max_n,
+    )
