@@ -90,26 +90,14 @@ def commit_accepted_tokens(
 ) -> CommitResult:
     """Append each request's emitted tokens to its history in place, with stop and length rules.
 
-    Request ``b`` (state row ``r = req_indices[b]``) appends ``output_token_ids[b, j]`` for
-    ``j = 0, 1, ..`` to ``token_ids[r, num_tokens[r]:]`` and stops after the first of:
-
-    - ``num_emitted[b]`` tokens, or the first negative entry (``PLACEHOLDER = -1``, never
-      committed);
-    - a stop token: ``output_token_ids[b, j]`` in ``stop_token_ids[b]`` at output index
-      ``o >= min_tokens[b]``, where ``o = num_tokens - num_prompt_tokens`` counted before
-      appending it; the stop token is committed and the request finishes with reason 1;
-    - the length budget: ``max_tokens[b]`` output tokens or ``max_model_len`` tokens in
-      total; the request finishes with reason 2. A stop token on the token that fills the
-      budget wins (reason 1).
-
-    A row already at its budget commits nothing and finishes with reason 2; otherwise a row
-    with ``num_emitted >= 1`` (and a non-negative first token) commits at least one token.
-    ``num_tokens[r]`` (and ``num_computed_tokens[r]`` if given) advance by the committed
-    count; nothing is ever written past a row's end; padding rows and rows not in the batch
-    are untouched. These are the stop rules of vLLM's ``check_stop`` and Hugging Face's
-    ``max_new_tokens`` / ``min_new_tokens``, applied to a block of speculative tokens.
-    No host synchronisation; calls ``torch.ops.specdec.commit_accepted_tokens``, whose
-    schema marks ``token_ids``, ``num_tokens`` and ``num_computed_tokens`` as mutated.
+    Request ``b`` appends ``output_token_ids[b, :num_emitted[b]]`` to state row
+    ``req_indices[b]`` up to the first -1, the first counted stop token (committed) or its
+    length budget, whichever comes first: vLLM's ``check_stop`` and Hugging Face's
+    ``max_new_tokens`` / ``min_new_tokens`` on a block of speculative tokens. Nothing is
+    written past a row's end; padding rows and rows outside the batch are untouched. No
+    host synchronisation (``torch.ops.specdec.commit_accepted_tokens``; ``token_ids``,
+    ``num_tokens`` and ``num_computed_tokens`` are ``Tensor(a!)``). Contract:
+    ``docs/design.md``, "``commit_accepted_tokens``".
 
     Parameters
     ----------
@@ -157,6 +145,18 @@ def commit_accepted_tokens(
         ``[0, k+1]``; for rows in the batch ``num_tokens`` outside ``[0, L_max]`` or
         ``num_prompt_tokens`` outside ``[0, num_tokens]``; negative ``min_tokens`` or
         ``max_tokens``.
+
+    Examples
+    --------
+    >>> token_ids = torch.zeros((1, 8), dtype=torch.int32)
+    >>> num_tokens = torch.tensor([3], dtype=torch.int32)
+    >>> res = commit_accepted_tokens(token_ids, num_tokens,
+    ...                              torch.tensor([[5, 2, 7]], dtype=torch.int32),
+    ...                              torch.tensor([3], dtype=torch.int32),
+    ...                              stop_token_ids=torch.tensor([[2]], dtype=torch.int32),
+    ...                              max_model_len=8)
+    >>> token_ids[0, :num_tokens[0]].tolist(), res.finish_reason.tolist()  # 2 stops it
+    ([0, 0, 0, 5, 2], [1])
     """
     token_ids, num_tokens = check_token_state(token_ids, num_tokens)
     device = token_ids.device

@@ -45,14 +45,10 @@ class RejectionOutput(NamedTuple):
 def sampling_offsets(
     num_tokens: torch.Tensor, req_indices: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The ``offsets`` an engine passes: the position of each request's first query token.
-
-    At a step boundary a request in decode with ``L = num_tokens[r]`` tokens has its last
-    token at position ``L - 1``, which is the first query token of the verify step, so
-    ``offsets[b] = num_tokens[req_indices[b]] - 1``. The step then uses the Philox
-    counters ``offsets[b] .. offsets[b] + num_emitted[b] - 1`` and the next step starts
-    right after them, so no counter of a request is ever used twice and its randomness
-    does not depend on its batch row or on the other requests. No host synchronisation.
+    """The ``offsets`` an engine passes to :func:`rejection_sample`: the position of each
+    request's first query token, ``num_tokens[req_indices[b]] - 1`` (0 for padding rows).
+    No host synchronisation. Contract: ``docs/design.md``, "Helpers" and
+    "``rejection_sample``" (randomness).
 
     Parameters
     ----------
@@ -72,6 +68,12 @@ def sampling_offsets(
     ValueError
         Wrong dtype, ndim or device of either tensor; with value checks (CPU tensors),
         ``req_indices`` outside ``[-1, R)``.
+
+    Examples
+    --------
+    >>> sampling_offsets(torch.tensor([7, 3], dtype=torch.int32),
+    ...                  torch.tensor([1, -1, 0], dtype=torch.int32)).tolist()
+    [2, 0, 6]
     """
     num_tokens = check_tensor("num_tokens", num_tokens, dtype=(torch.int32, torch.int64), ndim=1)
     if req_indices is None:
@@ -161,72 +163,17 @@ def rejection_sample(
     validate: bool | None = None,
 ) -> RejectionOutput:
     """Verify draft tokens against the target model: keep the longest accepted prefix, then
-    emit one more token per request.
+    emit one more token per request (vLLM V1's rejection sampler layout).
 
-    Request ``b`` has ``k_b = cu[b+1] - cu[b] <= k`` drafts ``d_j =
-    draft_token_ids[cu[b] + j]`` and ``k_b + 1`` target rows ``cu[b] + b + j``
-    (``j = 0 .. k_b``): row ``j`` is the model's output at query token ``j`` and verifies
-    ``d_j``; row ``cu[b+1] + b`` is the bonus row. The layout follows vLLM V1's rejection
-    sampler, with an *exclusive* ``cu_num_draft_tokens`` of length ``B + 1`` (vLLM's array
-    of that name is the *inclusive* prefix sum, length ``B``; see
-    ``exclusive_cu_num_draft_tokens``).
-
-    - Each row's target distribution. Greedy requests (``temperature is None`` or
-      ``temperature[b] == 0``): the argmax (ties: lowest id; NaN counts as ``-inf``).
-      Sampled requests: ``p`` = softmax(logits / T), then top-k (keep ``x`` iff fewer
-      than ``k`` tokens have a larger ``p``; 0 or ``>= V``: off), renormalise, top-p (keep
-      ``x`` iff the mass of tokens with a larger ``p`` is ``< top_p``; 1.0: off),
-      renormalise, min-p (keep ``x`` iff ``p(x) >= min_p * max p``; 0: off). Ties are
-      kept together. A sample is drawn by inverse CDF with one uniform ``u``: the first id
-      whose running mass exceeds ``u * total``. A token with ``p = 0`` is never emitted.
-    - One-hot drafts (``draft_probs is None``, e.g. n-gram): *coupled verification*.
-      Every row ``j`` gets its own token ``y_j``: the argmax (greedy) or the inverse-CDF
-      sample of its filtered ``p`` with the stream-1 uniform of counter ``offsets[b] + j``
-      (sampled). ``d_j`` is accepted iff ``d_j == y_j``; at the first mismatch ``y_j`` is
-      emitted and the request stops; if every draft matches, ``y_{k_b}`` is emitted. So
-      every emitted token is the token this op with ``k = 0`` (a plain sampler, which runs
-      the same code as row ``y_0``) emits at that position and context: speculation never
-      changes the output, nor do the batch, the batch row or the other requests'
-      parameters. A draft is accepted with probability ``p(d_j)``, as in classic
-      rejection sampling with a one-hot ``q``, so the speed-up is the same. **Requests
-      meant to differ need distinct seeds**: the same seed at the same positions and
-      context gives the same tokens.
-    - Draft probabilities (a draft model): classic speculative sampling (Leviathan,
-      Kalman and Matias, 2023, "Fast inference from transformers via speculative
-      decoding"; Chen et al., 2023, "Accelerating large language model decoding with
-      speculative sampling"). Accept ``d_j`` iff it is in ``[0, V)``, ``q(d_j) > 0`` and
-      ``u0 < p(d_j) / q(d_j)`` (stream 0); at the first rejection emit a sample of
-      ``normalize(max(p - q, 0))`` (``p`` if that has no mass or the id is outside
-      ``[0, V)``) with the stream-1 uniform and stop; if all are accepted, sample the bonus
-      row's ``p``. Every emitted token is distributed exactly as ``p``, but the output is
-      not invariant: a rejected row samples the residual, which depends on ``q``, so with
-      the same uniforms it usually emits another token than the plain sampler would, and
-      the next rows see another context. (Coupling cannot fix this: a sampled draft is
-      accepted with probability ``min(1, p/q)``, not iff it equals the plain sampler's
-      token.)
-    - In fp32 the rules act on the weights ``e = exp((l - max l) / T)`` (``l`` the logits,
-      NaN read as ``-inf``; computed as ``exp2``, ``e = 1`` at the maximum, weights below
-      ``2**-126`` count as 0): the filters keep ``{e >= t}`` for one threshold ``t``
-      (min-p: ``e >= min_p``), ``p = w / sum(w)`` with ``w`` the kept weights. A row whose
-      logits are all ``-inf``/NaN is uniform over the vocabulary; ``+inf`` logits share all
-      the mass.
-    - Randomness: Philox4x32-10 (Salmon et al., 2011) keyed by ``seeds[b]``; the
-      acceptance uniform of row ``j`` (draft probabilities only) uses counter
-      ``(offsets[b] + j, stream 0)``, its sampling uniform ``(offsets[b] + j, stream 1)``;
-      the 64-bit counter value fills counter words 0 (low 32 bits) and 1 (high 32 bits),
-      the stream word 2, and word 3 is 0; the seed's low and high 32 bits are the two key
-      words; output word 0 becomes ``u = (word0 >> 8) * 2**-24`` in ``[0, 1)``. Pass the
-      position of the first query token as ``offsets[b]`` (:func:`sampling_offsets`:
-      ``num_tokens[r] - 1`` before the step), so a request's randomness depends only on
-      its seed and positions, and no counter is used twice.
-
-    The CPU path (vectorised torch) and the CUDA path (Triton) draw identical uniforms;
-    their tokens differ only when a uniform falls within float rounding of a CDF boundary
-    (the GPU's ``exp2`` is approximate), so the invariance above holds per path. Runs on
-    the device with no host synchronisation; output shapes depend only on input shapes and
-    ``num_speculative_tokens``, so the call can be captured in a CUDA graph and traced by
-    ``torch.compile(fullgraph=True)``. No input is modified. Calls
-    ``torch.ops.specdec.rejection_sample``.
+    Request ``b`` has drafts ``draft_token_ids[cu[b] : cu[b+1]]`` and target rows
+    ``cu[b] + b .. cu[b+1] + b`` (the last is the bonus row). Greedy and sampled rows
+    (temperature, top-k, top-p, min-p); one-hot (n-gram) drafts are verified by coupling,
+    so every emitted token is the plain (``k = 0``) sampler's and speculation never changes
+    the output; draft probabilities get classic speculative sampling (Leviathan et al.,
+    2023; Chen et al., 2023). Philox randomness keyed by ``seeds`` at counters
+    ``offsets[b] + j``. No input is modified, no host synchronisation, static shapes
+    (``torch.ops.specdec.rejection_sample``). Contract: ``docs/design.md``,
+    "``rejection_sample``".
 
     Parameters
     ----------
@@ -292,6 +239,15 @@ def rejection_sample(
         non-decreasing, ``k_b > k``, ``cu[B] > len(draft_token_ids)``, ``temperature``
         negative or not finite, ``top_k < 0``, ``top_p`` outside ``(0, 1]``, ``min_p``
         outside ``[0, 1]``.
+
+    Examples
+    --------
+    >>> logits = torch.full((3, 5), -9.0)
+    >>> logits[0, 2] = logits[1, 4] = logits[2, 1] = 9.0  # the target's argmax per row
+    >>> out = rejection_sample(logits, torch.tensor([2, 3], dtype=torch.int32),
+    ...                        torch.tensor([0, 2], dtype=torch.int32), num_speculative_tokens=2)
+    >>> out.output_token_ids.tolist(), out.num_emitted.tolist()  # d_0 kept, d_1 -> 4
+    ([[2, 4, -1]], [2])
     """
     target_logits = check_tensor("target_logits", target_logits, dtype=LOGIT_DTYPES, ndim=2)
     device = target_logits.device

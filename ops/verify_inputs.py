@@ -112,24 +112,11 @@ def compute_slot_mapping(
     max_model_len: int | None = None,
     validate: bool | None = None,
 ) -> torch.Tensor:
-    """Map every query token to its KV-cache slot, paged or contiguous.
-
-    Token ``t`` of request ``b`` (``query_start_loc[b] <= t < query_start_loc[b+1]``) at
-    position ``pos = positions[t]`` gets ``slot = block_table[r, pos // block_size] *
-    block_size + pos % block_size`` with ``r = req_indices[b]``: the paged attention layout of
-    vLLM (Kwon et al., 2023, "PagedAttention"), whose ``slot_mapping`` this reproduces.
-    With ``block_table=None`` the KV cache is contiguous per state row (one preallocated
-    row of ``max_model_len`` slots per request, as in a Hugging Face static cache):
-    ``slot = r * max_model_len + pos``, and ``block_size`` is ignored.
-    ``PAD_SLOT = -1`` (write nothing) for tokens at or past ``query_start_loc[B]`` (and
-    before ``query_start_loc[0]``), tokens of padding rows, ``pos < 0``,
-    ``pos >= max_model_len``, ``pos // block_size >= max_blocks`` and negative block ids;
-    the block table is never read out of bounds.
-
-    The Triton kernel runs one flat grid over tokens and finds each token's request by a
-    binary search in ``query_start_loc`` (no host sync, no bound on the longest query,
-    balanced for any raggedness); offsets are int64, so ``T`` may be in the millions.
-    Calls ``torch.ops.specdec.compute_slot_mapping``.
+    """Map every query token to its KV-cache slot, paged (vLLM's PagedAttention layout,
+    Kwon et al., 2023) or contiguous per state row (``block_table=None``), ``PAD_SLOT``
+    where nothing may be written. The block table is never read out of bounds. No host
+    synchronisation (``torch.ops.specdec.compute_slot_mapping``). Contract:
+    ``docs/design.md``, "``compute_slot_mapping``".
 
     Parameters
     ----------
@@ -165,6 +152,13 @@ def compute_slot_mapping(
         table; ``max_model_len`` missing without one, or ``< 1``. With value checks:
         ``query_start_loc`` decreasing, negative or past ``T``; ``req_indices`` outside
         ``[-1, R)``.
+
+    Examples
+    --------
+    >>> block_table = torch.tensor([[7, 3]], dtype=torch.int32)  # one request, two blocks
+    >>> compute_slot_mapping(block_table, torch.tensor([3, 4]),
+    ...                      torch.tensor([0, 2], dtype=torch.int32), block_size=4).tolist()
+    [31, 12]
     """
     positions = check_tensor("positions", positions, dtype=(torch.int64, torch.int32), ndim=1)
     device = positions.device
@@ -251,22 +245,12 @@ def prepare_verify_inputs(
     max_model_len: int,
     validate: bool | None = None,
 ) -> VerifyInputs:
-    """Pack the verify-step query of every request into static-size model inputs.
-
-    Request ``b`` (state row ``r = req_indices[b]``, ``L = num_tokens[r]``, ``k_b =
-    num_draft_tokens[b]`` drafts) verifies its drafts with the query ``[token_ids[r, L-1],
-    d_0 .. d_{k_b-1}]`` at positions ``L-1 .. L-1+k_b``, as in vLLM V1's speculative
-    decoding step (Leviathan et al., 2023; Chen et al., 2023). The queries are packed
-    contiguously: ``cu_num_draft_tokens`` is the exclusive prefix sum of ``k_b``
-    (``cu[0] = 0``; vLLM V1's array of the same name is the inclusive ``[B]`` one) and
-    ``query_start_loc[b] = cu[b] + b``, so query row ``cu[b] + b + j`` verifies ``d_j``
-    and row ``cu[b+1] + b`` is the bonus row, as ``rejection_sample`` expects. Every
-    output's size depends only on ``B`` and ``k``; the ``B*(k+1) - query_start_loc[B]``
-    tail slots hold id 0, position 0, slot -1, and the flat drafts are padded with -1. A
-    padding row (``req_indices[b] = -1``) gets 0 drafts, one dummy token (id 0, position 0,
-    slot -1) and ``seq_lens = 1`` (every row keeps ``seq_len >= query_len``). ``k = 0`` is
-    plain decoding. No host synchronisation (the prefix sums are computed on the device).
-    Calls ``torch.ops.specdec.prepare_verify_inputs``.
+    """Pack the verify-step query of every request, ``[last token, d_0 .. d_{k_b-1}]``,
+    into static-size model inputs laid out as ``rejection_sample`` expects (vLLM V1's
+    speculative decoding step): ids, positions, slots, ``query_start_loc``, ``seq_lens``,
+    the exclusive ``cu_num_draft_tokens`` and the flat drafts. ``k = 0`` is plain
+    decoding. No host synchronisation (``torch.ops.specdec.prepare_verify_inputs``).
+    Contract: ``docs/design.md``, "``prepare_verify_inputs``".
 
     Parameters
     ----------
@@ -313,6 +297,15 @@ def prepare_verify_inputs(
         ``L_max + k >= 2**31`` (int32 ``seq_lens``). With value
         checks: ``req_indices`` outside ``[-1, R)``; ``num_draft_tokens`` outside
         ``[0, k]`` or ``num_tokens`` outside ``[1, L_max]`` for a row in the batch.
+
+    Examples
+    --------
+    >>> token_ids = torch.tensor([[4, 5, 6, 0]], dtype=torch.int32)
+    >>> vi = prepare_verify_inputs(token_ids, torch.tensor([3], dtype=torch.int32),
+    ...                            torch.tensor([[8, 9]], dtype=torch.int32),
+    ...                            torch.tensor([1], dtype=torch.int32), None, max_model_len=4)
+    >>> vi.input_ids.tolist(), vi.positions.tolist(), vi.cu_num_draft_tokens.tolist()
+    ([6, 8, 0], [2, 3, 0], [0, 1])
     """
     token_ids, num_tokens = check_token_state(token_ids, num_tokens)
     device = token_ids.device
@@ -366,12 +359,9 @@ def prepare_verify_inputs(
 
 
 def exclusive_cu_num_draft_tokens(cu_inclusive: torch.Tensor) -> torch.Tensor:
-    """Convert vLLM V1's inclusive ``cu_num_draft_tokens`` ``[B]`` to this library's ``[B+1]``.
-
-    vLLM's ``SpecDecodeMetadata.cu_num_draft_tokens`` holds ``cu[b] = k_0 + .. + k_b``
-    (inclusive, length ``B``); every op here takes the exclusive prefix sum with a leading
-    0 (length ``B + 1``, ``cu[b] = k_0 + .. + k_{b-1}``). One ``torch.cat`` on the device,
-    no host synchronisation.
+    """Convert vLLM V1's inclusive ``cu_num_draft_tokens`` ``[B]`` to this library's
+    exclusive ``[B+1]`` (a leading 0). One ``torch.cat`` on the device, no host
+    synchronisation. Contract: ``docs/design.md``, "Helpers".
 
     Parameters
     ----------
@@ -387,6 +377,11 @@ def exclusive_cu_num_draft_tokens(cu_inclusive: torch.Tensor) -> torch.Tensor:
     ------
     ValueError
         ``cu_inclusive`` is not a 1-D int32/int64 tensor.
+
+    Examples
+    --------
+    >>> exclusive_cu_num_draft_tokens(torch.tensor([2, 2, 5])).tolist()  # k_b = 2, 0, 3
+    [0, 2, 2, 5]
     """
     cu_inclusive = check_tensor(
         "cu_inclusive", cu_inclusive, dtype=(torch.int32, torch.int64), ndim=1

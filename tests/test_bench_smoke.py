@@ -118,6 +118,7 @@ def test_cpu_suite_quick_run_writes_table_and_plot(tmp_path):
 def test_gpu_suite_logic_runs_on_cpu_with_stub_timers(monkeypatch, tmp_path):
     pytest.importorskip("triton")
     import bench.gpu as gpu
+    import bench.gpu_cases as cases
     from bench import cases_ngram, cases_rejection
 
     calls = []
@@ -131,10 +132,13 @@ def test_gpu_suite_logic_runs_on_cpu_with_stub_timers(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu, "time_kernel", fake_time)
     monkeypatch.setattr(gpu, "time_graph", lambda fn, **_: None)
     monkeypatch.setattr(gpu, "time_host", fake_time)
+    monkeypatch.setattr(gpu, "time_steps", fake_time)
+    monkeypatch.setattr(gpu, "_graph_steps", lambda step, calls: None)
     rows = gpu.Rows()
-    gpu.bench_ngram(rows, cases_ngram.QUICK_SPECS[:1], graphs=True)
-    gpu.bench_rejection(rows, [s for s in cases_rejection.QUICK_SPECS if s["dtype"] == "fp32"])
-    gpu.bench_bookkeeping(rows, (3,), graphs=True)
+    cases.bench_ngram(rows, cases_ngram.QUICK_SPECS[:1], graphs=True)
+    cases.bench_rejection(rows, [s for s in cases_rejection.QUICK_SPECS if s["dtype"] == "fp32"])
+    cases.bench_bookkeeping(rows, (3,), graphs=True)
+    cases.bench_ngram_index(rows, [{"B": 2, "L": 64, "k": 2, "corpus": 256}], graphs=True)
     text = gpu.render(rows, gpu="(stub)", copy_bw=1.0, elapsed=0.0, argv=[])
     assert len(calls) >= 10 and "commit_accepted_tokens" in text
     assert all("exactly" in n or "uniforms" in n for n in rows.notes)

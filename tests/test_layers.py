@@ -89,3 +89,34 @@ def test_the_layer_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: fake.open().read())
     with pytest.raises(AssertionError, match="ops may not import specdec_kernels.kernels"):
         test_imports_follow_the_layer_rules(bad)
+
+
+# ---------------------------------------------------------------- module size
+
+MAX_MODULE_LINES = 400
+PRODUCT = (PKG, "ops", "examples", "bench")
+"""The product's code (tests excluded): what a reader of the library meets."""
+
+
+def long_modules(root: Path, tops=PRODUCT, limit: int = MAX_MODULE_LINES) -> list[str]:
+    """The ``.py`` files under ``root/<top>`` with more than ``limit`` lines."""
+    out = []
+    for top in tops:
+        for path in sorted((root / top).rglob("*.py")):
+            n = len(path.read_text().splitlines())
+            if n > limit:
+                out.append(f"{path.relative_to(root)}: {n} lines")
+    return out
+
+
+def test_no_product_module_is_over_400_lines():
+    too_long = long_modules(ROOT)
+    assert not too_long, f"split these by what they hold (<= {MAX_MODULE_LINES} lines): {too_long}"
+
+
+def test_the_size_check_sees_a_long_module(tmp_path):
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert long_modules(tmp_path) == []
+    (tmp_path / "ops" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_modules(tmp_path) == [f"ops/long.py: {MAX_MODULE_LINES + 1} lines"]

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec_kernels.cpu import rejection as cpu_rej
+from specdec_kernels.cpu import sampling as cpu_sampling
 from specdec_kernels.cpu.philox import philox_uniform
 from specdec_kernels.kernels import rejection as triton_rej
 from specdec_kernels.ops import rejection_sample
@@ -593,25 +594,25 @@ def test_min_p_keeps_tokens_at_the_threshold():
 def test_inverse_cdf_never_picks_a_zero_mass_token():
     mass = torch.tensor([[0.0, 0.0, 0.5, 0.0, 0.5]] * 3 + [[0.0] * 5])
     u = torch.tensor([0.0, 0.5, 1.0 - 2**-24, 0.3])
-    tok, total = cpu_rej.inverse_cdf(mass, u)
+    tok, total = cpu_sampling.inverse_cdf(mass, u)
     assert tok.tolist() == [2, 4, 4, -1]  # u = 0: the first positive id; no mass: -1
     assert total.tolist() == [1.0, 1.0, 1.0, 0.0]
     # A block total above the running mass inside it (rounding): its last positive id.
-    tok, _ = cpu_rej.inverse_cdf(mass, u, torch.tensor([[1.0], [1.0], [2.0], [0.0]]))
+    tok, _ = cpu_sampling.inverse_cdf(mass, u, torch.tensor([[1.0], [1.0], [2.0], [0.0]]))
     assert tok.tolist() == [2, 4, 4, -1]
 
 
 def test_blocked_inverse_cdf_matches_one_flat_cumsum():
     """Block sums, then a cumsum inside one block: the flat definition, on exact (small
     integer) masses with whole blocks of zeros, a partial last block and u on the edges."""
-    V = 3 * cpu_rej.CDF_BLOCK + 77
+    V = 3 * cpu_sampling.CDF_BLOCK + 77
     g = torch.Generator().manual_seed(3)
     mass = torch.randint(0, 4, (6, V), generator=g).float()
-    mass[:, : 2 * cpu_rej.CDF_BLOCK] *= torch.rand(6, 1, generator=g) < 0.5  # empty blocks
+    mass[:, : 2 * cpu_sampling.CDF_BLOCK] *= torch.rand(6, 1, generator=g) < 0.5  # empty blocks
     mass[0, :-1] = 0.0  # all the mass on the very last id
     for u in (0.0, 0.5, 1 - 2**-24, 0.123):
         u_t = torch.full((6,), u)
-        tok, total = cpu_rej.inverse_cdf(mass, u_t)
+        tok, total = cpu_sampling.inverse_cdf(mass, u_t)
         run = mass.cumsum(-1)
         want = torch.searchsorted(run, (u_t * run[:, -1])[:, None], right=True)[:, 0]
         assert torch.equal(total, run[:, -1]) and torch.equal(tok, want), u
@@ -964,7 +965,7 @@ def test_logit_differences_near_the_float32_limit_do_not_overflow(impl, kernel_d
     logits = torch.tensor([[2e38, -2e38, 0.0]])
     T = 3e38
     p = torch.softmax(torch.tensor([2e38 / T, -2e38 / T, 0.0], dtype=torch.float64), 0)
-    w = cpu_rej.target_weights(logits, torch.tensor([T]), None, None, None)[0]
+    w = cpu_sampling.target_weights(logits, torch.tensor([T]), None, None, None)[0]
     torch.testing.assert_close(w.double() / w.double().sum(), p, atol=1e-6, rtol=0)
     B = 400
     batch = Batch(
