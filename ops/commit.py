@@ -39,19 +39,9 @@ class CommitResult(NamedTuple):
 
 
 def _commit_fake(
-    token_ids,
-    num_tokens,
-    output_token_ids,
-    num_emitted,
-    req_indices,
-    stop_token_ids,
-    num_prompt_tokens,
-    min_tokens,
-    max_tokens,
-    num_computed_tokens,
-    *,
-    max_model_len,
-):
+    token_ids, num_tokens, output_token_ids, num_emitted, req_indices, stop_token_ids,
+    num_prompt_tokens, min_tokens, max_tokens, num_computed_tokens, *, max_model_len,
+):  # fmt: skip
     # Only the new outputs: the mutated inputs keep their fake metadata.
     B = output_token_ids.shape[0]
     return (

@@ -45,8 +45,8 @@ class DraftPlan(NamedTuple):
 
 
 def _plan_fake(
-    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens
-):
+    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens,
+):  # fmt: skip
     B = num_draft_tokens.shape[0]
     return (
         num_draft_tokens.new_empty((B,), dtype=torch.int32),

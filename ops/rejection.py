@@ -91,20 +91,9 @@ def sampling_offsets(
 
 
 def _fake(
-    target_logits,
-    draft_token_ids,
-    cu_num_draft_tokens,
-    draft_probs,
-    temperature,
-    top_k,
-    top_p,
-    min_p,
-    seeds,
-    offsets,
-    *,
-    num_speculative_tokens,
-    return_logprobs,
-):
+    target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
+    min_p, seeds, offsets, *, num_speculative_tokens, return_logprobs,
+):  # fmt: skip
     _cpu.require_seeds_and_offsets(temperature, seeds, offsets)
     B = cu_num_draft_tokens.shape[0] - 1
     K1 = num_speculative_tokens + 1

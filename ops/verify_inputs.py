@@ -68,16 +68,9 @@ define(
 
 
 def _verify_fake(
-    token_ids,
-    num_tokens,
-    draft_token_ids,
-    num_draft_tokens,
-    block_table,
-    req_indices,
-    *,
-    block_size,
-    max_model_len,
-):
+    token_ids, num_tokens, draft_token_ids, num_draft_tokens, block_table, req_indices, *,
+    block_size, max_model_len,
+):  # fmt: skip
     B, k = draft_token_ids.shape
     n = B * (k + 1)
     i32, i64 = torch.int32, torch.int64

@@ -14,19 +14,9 @@ from specdec_kernels.cpu.verify_inputs import _state_rows
 
 
 def commit_accepted_tokens(
-    token_ids: torch.Tensor,
-    num_tokens: torch.Tensor,
-    output_token_ids: torch.Tensor,
-    num_emitted: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    stop_token_ids: torch.Tensor | None,
-    num_prompt_tokens: torch.Tensor | None,
-    min_tokens: torch.Tensor | None,
-    max_tokens: torch.Tensor | None,
-    num_computed_tokens: torch.Tensor | None,
-    *,
-    max_model_len: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    token_ids, num_tokens, output_token_ids, num_emitted, req_indices, stop_token_ids,
+    num_prompt_tokens, min_tokens, max_tokens, num_computed_tokens, *, max_model_len,
+):  # fmt: skip
     B, K1 = output_token_ids.shape
     R, L_max = token_ids.shape
     rows, active = _state_rows(req_indices, B)

@@ -36,8 +36,8 @@ def _estimates(acceptance, rows, match_len):
 
 
 def plan_draft_lengths(
-    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens
-) -> tuple[torch.Tensor, torch.Tensor]:
+    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens,
+):  # fmt: skip
     B = num_draft_tokens.shape[0]
     K = acceptance.shape[2]
     planned = torch.zeros(B, dtype=torch.int32)
@@ -80,7 +80,7 @@ def plan_draft_lengths(
 def update_acceptance_stats(
     draft_token_ids, num_draft_tokens, match_len, output_token_ids, num_emitted, req_indices,
     acceptance, *, decay,
-) -> None:  # fmt: skip
+):  # fmt: skip
     B = draft_token_ids.shape[0]
     M, K = acceptance.shape[1], acceptance.shape[2]
     if B == 0 or acceptance.shape[0] == 0:

@@ -168,20 +168,9 @@ def _log_probs(logits: torch.Tensor, idx: torch.Tensor, tok: torch.Tensor) -> to
 
 
 def rejection_sample(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    cu_num_draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    temperature: torch.Tensor | None,
-    top_k: torch.Tensor | None,
-    top_p: torch.Tensor | None,
-    min_p: torch.Tensor | None,
-    seeds: torch.Tensor | None,
-    offsets: torch.Tensor | None,
-    *,
-    num_speculative_tokens: int,
-    return_logprobs: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
+    min_p, seeds, offsets, *, num_speculative_tokens, return_logprobs,
+):  # fmt: skip
     """The CPU implementation of ``specdec::rejection_sample`` (registered directly)."""
     require_seeds_and_offsets(temperature, seeds, offsets)
     K1 = num_speculative_tokens + 1

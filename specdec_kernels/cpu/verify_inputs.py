@@ -57,14 +57,8 @@ def _slots(
 
 
 def compute_slot_mapping(
-    block_table: torch.Tensor | None,
-    positions: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    *,
-    block_size: int,
-    max_model_len: int | None,
-) -> torch.Tensor:
+    block_table, positions, query_start_loc, req_indices, *, block_size, max_model_len,
+):  # fmt: skip
     T = positions.shape[0]
     B = query_start_loc.shape[0] - 1
     if B == 0 or T == 0:
@@ -80,16 +74,9 @@ def compute_slot_mapping(
 
 
 def prepare_verify_inputs(
-    token_ids: torch.Tensor,
-    num_tokens: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
-    block_table: torch.Tensor | None,
-    req_indices: torch.Tensor | None,
-    *,
-    block_size: int,
-    max_model_len: int,
-) -> tuple[torch.Tensor, ...]:
+    token_ids, num_tokens, draft_token_ids, num_draft_tokens, block_table, req_indices, *,
+    block_size, max_model_len,
+):  # fmt: skip
     B, k = draft_token_ids.shape
     R, L_max = token_ids.shape
     rows, active = _state_rows(req_indices, B)

@@ -157,8 +157,8 @@ def _update_kernel(
 
 
 def plan_draft_lengths(
-    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens
-) -> tuple[torch.Tensor, torch.Tensor]:
+    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens,
+):  # fmt: skip
     """Launch the planning kernel; inputs are assumed validated (``B * k <= 2**14``)."""
     B = num_draft_tokens.shape[0]
     K = acceptance.shape[2]
@@ -199,7 +199,7 @@ def plan_draft_lengths(
 def update_acceptance_stats(
     draft_token_ids, num_draft_tokens, match_len, output_token_ids, num_emitted, req_indices,
     acceptance, *, decay,
-) -> None:  # fmt: skip
+):  # fmt: skip
     """Launch the update kernel (mutates ``acceptance``); inputs are assumed validated."""
     B = draft_token_ids.shape[0]
     K = acceptance.shape[2]

@@ -257,14 +257,8 @@ def _prepare_verify_kernel(
 
 
 def compute_slot_mapping(
-    block_table: torch.Tensor | None,
-    positions: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    *,
-    block_size: int,
-    max_model_len: int | None,
-) -> torch.Tensor:
+    block_table, positions, query_start_loc, req_indices, *, block_size, max_model_len,
+):  # fmt: skip
     """Launch the slot-mapping kernel; inputs are assumed validated.
 
     ``block_table=None`` is the contiguous layout (``max_model_len`` is then given).
@@ -299,16 +293,9 @@ def compute_slot_mapping(
 
 
 def prepare_verify_inputs(
-    token_ids: torch.Tensor,
-    num_tokens: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
-    block_table: torch.Tensor | None,
-    req_indices: torch.Tensor | None,
-    *,
-    block_size: int,
-    max_model_len: int,
-) -> tuple[torch.Tensor, ...]:
+    token_ids, num_tokens, draft_token_ids, num_draft_tokens, block_table, req_indices, *,
+    block_size, max_model_len,
+):  # fmt: skip
     """Launch the verify-input kernel; inputs are assumed validated.
 
     ``block_table=None`` is the contiguous layout; absent optional tensors go to the kernel

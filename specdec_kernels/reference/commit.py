@@ -14,19 +14,9 @@ from specdec_kernels.reference.verify_inputs import _rows
 
 
 def commit_accepted_tokens(
-    token_ids: torch.Tensor,
-    num_tokens: torch.Tensor,
-    output_token_ids: torch.Tensor,
-    num_emitted: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    stop_token_ids: torch.Tensor | None,
-    num_prompt_tokens: torch.Tensor | None,
-    min_tokens: torch.Tensor | None,
-    max_tokens: torch.Tensor | None,
-    num_computed_tokens: torch.Tensor | None,
-    *,
-    max_model_len: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    token_ids, num_tokens, output_token_ids, num_emitted, req_indices, stop_token_ids,
+    num_prompt_tokens, min_tokens, max_tokens, num_computed_tokens, *, max_model_len,
+):  # fmt: skip
     """Append token by token, checking the budget before and the stop list after each one."""
     B = output_token_ids.shape[0]
     rows = _rows(req_indices, B)

@@ -17,7 +17,7 @@ def _rows(req_indices, R):
     return list(range(R)) if req_indices is None else req_indices.tolist()
 
 
-def corpus_append(doc_tokens, doc_lens, req_indices, corpus, *, min_n: int, max_n: int):
+def corpus_append(doc_tokens, doc_lens, req_indices, corpus, *, min_n, max_n):
     """Append one document per batch row (``doc_tokens[r, :doc_lens[r]]``), oldest first."""
     corpus_tokens, corpus_meta, corpus_index, corpus_state = corpus
     C = corpus_tokens.shape[0]

@@ -25,8 +25,8 @@ def _class(match_len: int, num_classes: int) -> int:
 
 
 def plan_draft_lengths(
-    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens
-) -> tuple[torch.Tensor, torch.Tensor]:
+    num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens,
+):  # fmt: skip
     """Enumerate every ``D`` from 0 to the number of proposed drafts; keep the best."""
     B = num_draft_tokens.shape[0]
     M, K = acceptance.shape[1], acceptance.shape[2]
@@ -69,7 +69,7 @@ def plan_draft_lengths(
 def update_acceptance_stats(
     draft_token_ids, num_draft_tokens, match_len, output_token_ids, num_emitted, req_indices,
     acceptance, *, decay,
-) -> None:  # fmt: skip
+):  # fmt: skip
     """For each observed position, ``a <- decay * a + (1 - decay) * [d_j == emitted_j]``."""
     B = draft_token_ids.shape[0]
     M, K = acceptance.shape[1], acceptance.shape[2]

@@ -86,12 +86,12 @@ def _index_rows(token_ids, num_tokens, req_indices, index, *, min_n, from_scratc
         index_len[r] = max(L, old)
 
 
-def ngram_index_build(token_ids, num_tokens, req_indices, index, *, min_n: int, max_n: int):
+def ngram_index_build(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
     """Index rows ``r = req_indices[b]`` from scratch over ``token_ids[r, :num_tokens[r]]``."""
     _index_rows(token_ids, num_tokens, req_indices, index, min_n=min_n, from_scratch=True)
 
 
-def ngram_index_extend(token_ids, num_tokens, req_indices, index, *, min_n: int, max_n: int):
+def ngram_index_extend(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
     """Add the n-grams completed by tokens ``index_len[r] .. num_tokens[r]-1`` of each row."""
     _index_rows(token_ids, num_tokens, req_indices, index, min_n=min_n, from_scratch=False)
 

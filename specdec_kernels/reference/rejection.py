@@ -84,20 +84,9 @@ def _sample(mass: torch.Tensor, total: torch.Tensor, u: float) -> int | None:
 
 
 def rejection_sample(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    cu_num_draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    temperature: torch.Tensor | None,
-    top_k: torch.Tensor | None,
-    top_p: torch.Tensor | None,
-    min_p: torch.Tensor | None,
-    seeds: torch.Tensor | None,
-    offsets: torch.Tensor | None,
-    *,
-    num_speculative_tokens: int,
-    return_logprobs: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
+    min_p, seeds, offsets, *, num_speculative_tokens, return_logprobs,
+):  # fmt: skip
     """Loop over requests, then over their rows until the first row that is not accepted.
 
     One-hot drafts (``draft_probs is None``): coupled verification. Row ``j`` has its own

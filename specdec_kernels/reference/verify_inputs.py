@@ -40,14 +40,8 @@ def _slot(
 
 
 def compute_slot_mapping(
-    block_table: torch.Tensor | None,
-    positions: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    req_indices: torch.Tensor | None,
-    *,
-    block_size: int,
-    max_model_len: int | None,
-) -> torch.Tensor:
+    block_table, positions, query_start_loc, req_indices, *, block_size, max_model_len,
+):  # fmt: skip
     """Token ``t`` of request ``b`` (``qsl[b] <= t < qsl[b+1]``) gets its slot; others -1."""
     qsl = query_start_loc.tolist()
     rows = _rows(req_indices, len(qsl) - 1)
@@ -60,16 +54,9 @@ def compute_slot_mapping(
 
 
 def prepare_verify_inputs(
-    token_ids: torch.Tensor,
-    num_tokens: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
-    block_table: torch.Tensor | None,
-    req_indices: torch.Tensor | None,
-    *,
-    block_size: int,
-    max_model_len: int,
-) -> tuple[torch.Tensor, ...]:
+    token_ids, num_tokens, draft_token_ids, num_draft_tokens, block_table, req_indices, *,
+    block_size, max_model_len,
+):  # fmt: skip
     """Append each request's query ``[last token, d_0 .. d_{k_b-1}]`` to flat lists, then pad."""
     B, k = draft_token_ids.shape
     rows = _rows(req_indices, B)
