@@ -36,18 +36,15 @@ def _equal(a, b) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def _verify_args(st: dict) -> tuple:
+    """``prepare_verify_inputs``' tensors, in its order."""
+    names = ("token_ids", "num_tokens", "draft_token_ids", "num_draft_tokens", "block_table")
+    return (*(st[n] for n in names), st["req_indices"])
+
+
 def _slot_case(B: int, st: dict) -> Case:
     bs, mml = st["block_size"], st["max_model_len"]
-    verify = ref.prepare_verify_inputs(
-        st["token_ids"],
-        st["num_tokens"],
-        st["draft_token_ids"],
-        st["num_draft_tokens"],
-        st["block_table"],
-        st["req_indices"],
-        block_size=bs,
-        max_model_len=mml,
-    )
+    verify = ref.prepare_verify_inputs(*_verify_args(st), block_size=bs, max_model_len=mml)
     positions, qsl = verify[1], verify[2]
     args = (st["block_table"], positions, qsl, st["req_indices"])
     kw = {"block_size": bs, "max_model_len": mml}
@@ -62,14 +59,7 @@ def _slot_case(B: int, st: dict) -> Case:
 
 
 def _verify_case(B: int, st: dict) -> Case:
-    args = (
-        st["token_ids"],
-        st["num_tokens"],
-        st["draft_token_ids"],
-        st["num_draft_tokens"],
-        st["block_table"],
-        st["req_indices"],
-    )
+    args = _verify_args(st)
     kw = {"block_size": st["block_size"], "max_model_len": st["max_model_len"]}
     impls = {
         OP: lambda: tuple(prepare_verify_inputs(*args, **kw)),

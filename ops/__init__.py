@@ -5,18 +5,8 @@ mapped there by ``pyproject.toml``). Importing it registers every operator; it d
 import Triton, which loads at the first CUDA call (``ops/_library.py``).
 """
 
-from specdec_kernels.constants import (
-    DRAFT_SOURCE_CORPUS,
-    DRAFT_SOURCE_NONE,
-    DRAFT_SOURCE_OWN,
-    FINISH_LENGTH,
-    FINISH_REASON_NAMES,
-    FINISH_RUNNING,
-    FINISH_STOP,
-    PAD_SLOT,
-    PLACEHOLDER,
-    TIE_BREAKS,
-)
+from specdec_kernels import constants as _constants
+from specdec_kernels.constants import *  # noqa: F403  (every constant, see __all__)
 from specdec_kernels.ops.commit import CommitResult, commit_accepted_tokens
 from specdec_kernels.ops.corpus import Corpus, corpus_append, new_corpus
 from specdec_kernels.ops.draft_plan import (
@@ -41,16 +31,7 @@ from specdec_kernels.ops.verify_inputs import (
 )
 
 __all__ = [
-    "DRAFT_SOURCE_CORPUS",
-    "DRAFT_SOURCE_NONE",
-    "DRAFT_SOURCE_OWN",
-    "FINISH_LENGTH",
-    "FINISH_REASON_NAMES",
-    "FINISH_RUNNING",
-    "FINISH_STOP",
-    "PAD_SLOT",
-    "PLACEHOLDER",
-    "TIE_BREAKS",
+    *_constants.__all__,
     "CommitResult",
     "Corpus",
     "NgramIndex",

@@ -221,12 +221,15 @@ def ngram_index_extend(
 
     Examples
     --------
-    >>> tokens = torch.tensor([[5, 6, 7, 5, 6]], dtype=torch.int32)
-    >>> index = new_ngram_index(1, 5, min_n=2, max_n=2)
+    >>> tokens = torch.tensor([[5, 6, 7, 5, 6, 0]], dtype=torch.int32)
+    >>> index = new_ngram_index(1, 6, min_n=2, max_n=2)
     >>> ngram_index_build(tokens, torch.tensor([3], dtype=torch.int32), index=index)
-    >>> ngram_index_extend(tokens, torch.tensor([5], dtype=torch.int32), index=index)
-    >>> index.length.tolist()
-    [5]
+    >>> num_tokens = torch.tensor([5], dtype=torch.int32)  # "5 6" was committed
+    >>> ngram_index_extend(tokens, num_tokens, index=index)  # the new n-grams: "7 5", "5 6"
+    >>> from specdec_kernels.ops import ngram_propose
+    >>> ngram_propose(tokens, num_tokens, min_n=2, max_n=2, num_speculative_tokens=2,
+    ...               index=index).draft_token_ids.tolist()
+    [[7, 5]]
     """
     tok, lens, rows, state = _checked(
         token_ids, num_tokens, req_indices, index, validate, extend=True

@@ -13,9 +13,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from examples.engine.stats import Throughput
+
 
 @dataclass
-class Row:
+class Row(Throughput):
     """One run of the table."""
 
     label: str
@@ -31,15 +33,6 @@ class Row:
     """label of the run whose tokens/s this one's speedup is against (None: the table's first)"""
     verified_per_step: float = 0.0
     """draft tokens verified per request per step (what the draft policy chose)"""
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        t = self.seconds - self.prefill_seconds
-        return self.tokens / t if t > 0 else 0.0
 
 
 def machine_name(threads: int) -> str:

@@ -5,6 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class Throughput:
+    """Tokens per second of a run that has ``tokens``, ``seconds`` and ``prefill_seconds``."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Throughput of the decode steps alone (prefill time excluded)."""
+        t = self.seconds - self.prefill_seconds
+        return self.tokens / t if t > 0 else 0.0
+
+
 @dataclass
 class Completion:
     index: int
@@ -15,7 +29,7 @@ class Completion:
 
 
 @dataclass
-class RunStats:
+class RunStats(Throughput):
     """Counters of one :meth:`Engine.generate` call."""
 
     steps: int = 0
@@ -66,16 +80,6 @@ class RunStats:
             self.full_steps += 1
             self.full_tokens += sum(n_com)
             self.full_seconds += seconds
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Throughput of the decode steps alone (prefill time excluded)."""
-        t = self.seconds - self.prefill_seconds
-        return self.tokens / t if t > 0 else 0.0
 
     @property
     def full_batch_tokens_per_s(self) -> float:

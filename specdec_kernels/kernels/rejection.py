@@ -118,24 +118,10 @@ def _rejection_rows_kernel(
                     BLOCK=BLOCK,
                 )
                 t, S = _filter_threshold(
-                    row_ptr,
-                    V,
-                    stride_lv,
-                    scale2,
-                    m,
-                    S_z,
-                    S_min,
-                    b,
-                    top_k_ptr,
-                    top_p_ptr,
-                    t_min,
-                    HAS_TOP_K=HAS_TOP_K,
-                    HAS_TOP_P=HAS_TOP_P,
-                    HAS_MIN_P=HAS_MIN_P,
-                    BLOCK=BLOCK,
-                    SEARCH_BLOCK=SEARCH_BLOCK,
-                    NPIV=NPIV,
-                )
+                    row_ptr, V, stride_lv, scale2, m, S_z, S_min, b, top_k_ptr, top_p_ptr, t_min,
+                    HAS_TOP_K=HAS_TOP_K, HAS_TOP_P=HAS_TOP_P, HAS_MIN_P=HAS_MIN_P, BLOCK=BLOCK,
+                    SEARCH_BLOCK=SEARCH_BLOCK, NPIV=NPIV,
+                )  # fmt: skip
                 seed = tl.load(seeds_ptr + b)
                 counter = tl.load(offsets_ptr + b) + j
                 u = philox_uniform(seed, counter, 1)

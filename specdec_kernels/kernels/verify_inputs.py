@@ -116,18 +116,9 @@ def _slot_mapping_kernel(
         r = tl.where(valid, b, -1)
     pos = tl.load(positions_ptr + t, mask=valid, other=-1).to(tl.int64)
     slot = _slot_of(
-        bt_ptr,
-        bt_stride0,
-        bt_stride1,
-        max_blocks,
-        r,
-        pos,
-        valid,
-        block_size,
-        max_model_len,
-        HAS_BLOCK_TABLE,
-        HAS_MAX_MODEL_LEN,
-    )
+        bt_ptr, bt_stride0, bt_stride1, max_blocks, r, pos, valid, block_size, max_model_len,
+        HAS_BLOCK_TABLE, HAS_MAX_MODEL_LEN,
+    )  # fmt: skip
     tl.store(slot_ptr + t, slot, mask=in_range)
 
 
