@@ -16,7 +16,7 @@ Layers
 
 from specdec_kernels.constants import PAD_SLOT, PLACEHOLDER
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def _find_ops_in_source_tree() -> None:
