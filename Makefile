@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # override e.g. TORCH_SPEC='torch>=2.4' to use another build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-vllm lint bench ngram-demo gpu-wheelhouse clean
+.PHONY: demo test test-vllm lint bench bench-vllm ngram-demo gpu-wheelhouse clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ test-vllm:
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench --threads 1
+
+# The vLLM proposer against vLLM's own NgramProposer, in the test-vllm venv; then the plot
+bench-vllm: $(VENV)/.bench-installed
+	PYTHON=$(PYTHON) VLLM_VERSION=$(VLLM_VERSION) VLLM_TORCH=$(VLLM_TORCH) \
+		bash tests/integrations/vllm_env.sh --bench --threads 1
+	$(BIN)/python -m bench.vllm_proposer --plot "$$(ls -t bench/results/*-vllm-proposer-*.json | head -1)"
 
 # Pure-Python wheels of the test tools for a GPU machine that has torch and triton but no
 # pytest: carry .wheelhouse/ with the working tree; bench/gpu_check.sh unpacks it.

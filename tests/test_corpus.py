@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -253,12 +254,14 @@ def test_corpus_hits_are_exact_and_misses_follow_the_stated_rate():
     occ = torch.tensor(
         [p for p in range(lo, end) if p + 3 < int(corpus.meta[p % C, 1])], dtype=torch.long
     )
-    keys = torch.tensor(list(latest), dtype=torch.long)
-    h = cpu_ix.hash_ngrams(keys, 3)
-    found, p, _ = cpu_corpus._corpus_lookup(
-        corpus.tokens, corpus.meta, corpus.index, corpus.state,
-        torch.zeros(len(latest), dtype=torch.long), keys, torch.full((len(latest),), 3), h,
-    )  # fmt: skip
+    c = [t.numpy() for t in corpus[:4]]
+    got = []
+    for key in latest:  # the CPU path's lookup of each n-gram (as a 3-token history)
+        row = np.array(key, dtype=np.int32)
+        h = cpu_ix.ngram_hash(row, 0, 3)
+        got.append(cpu_corpus.corpus_lookup(*c[:3], lo, 0, row, 3, 3, h)[0])
+    p = torch.tensor(got)
+    found = p >= 0
     want = torch.tensor(list(latest.values()))
     assert torch.equal(p[found], want[found])  # never a wrong or older occurrence
     H = corpus.index.shape[1]

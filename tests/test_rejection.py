@@ -7,11 +7,13 @@ import random
 import zlib
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec_kernels.cpu import _jit as cpu_jit
 from specdec_kernels.cpu import rejection as cpu_rej
 from specdec_kernels.cpu import sampling as cpu_sampling
 from specdec_kernels.cpu.philox import philox_uniform
@@ -591,28 +593,43 @@ def test_min_p_keeps_tokens_at_the_threshold():
     assert got[3] == 0 and (got[:3] > 200).all()
 
 
+def _cpu_inverse_cdf(mass, u, blocks=None):
+    """The CPU path's inverse CDF on each row of ``mass`` (its own block sums unless given)."""
+    toks, totals = [], []
+    for i, row in enumerate(mass.numpy()):
+        V = row.shape[0]
+        nb = (V + cpu_sampling.BLOCK - 1) // cpu_sampling.BLOCK
+        own = np.zeros(nb, dtype=np.float32)
+        total = cpu_sampling.block_sums(row, V, own)
+        if blocks is not None:
+            own, total = blocks[i].numpy(), float(blocks[i].sum())
+        toks.append(cpu_sampling.inverse_cdf(row, V, own, np.float32(total), np.float32(u[i])))
+        totals.append(float(total))
+    return torch.tensor(toks), torch.tensor(totals)
+
+
 def test_inverse_cdf_never_picks_a_zero_mass_token():
     mass = torch.tensor([[0.0, 0.0, 0.5, 0.0, 0.5]] * 3 + [[0.0] * 5])
     u = torch.tensor([0.0, 0.5, 1.0 - 2**-24, 0.3])
-    tok, total = cpu_sampling.inverse_cdf(mass, u)
+    tok, total = _cpu_inverse_cdf(mass, u)
     assert tok.tolist() == [2, 4, 4, -1]  # u = 0: the first positive id; no mass: -1
     assert total.tolist() == [1.0, 1.0, 1.0, 0.0]
     # A block total above the running mass inside it (rounding): its last positive id.
-    tok, _ = cpu_sampling.inverse_cdf(mass, u, torch.tensor([[1.0], [1.0], [2.0], [0.0]]))
+    tok, _ = _cpu_inverse_cdf(mass, u, torch.tensor([[1.0], [1.0], [2.0], [0.0]]))
     assert tok.tolist() == [2, 4, 4, -1]
 
 
 def test_blocked_inverse_cdf_matches_one_flat_cumsum():
     """Block sums, then a cumsum inside one block: the flat definition, on exact (small
     integer) masses with whole blocks of zeros, a partial last block and u on the edges."""
-    V = 3 * cpu_sampling.CDF_BLOCK + 77
+    V = 3 * cpu_sampling.BLOCK + 77
     g = torch.Generator().manual_seed(3)
     mass = torch.randint(0, 4, (6, V), generator=g).float()
-    mass[:, : 2 * cpu_sampling.CDF_BLOCK] *= torch.rand(6, 1, generator=g) < 0.5  # empty blocks
+    mass[:, : 2 * cpu_sampling.BLOCK] *= torch.rand(6, 1, generator=g) < 0.5  # empty blocks
     mass[0, :-1] = 0.0  # all the mass on the very last id
     for u in (0.0, 0.5, 1 - 2**-24, 0.123):
         u_t = torch.full((6,), u)
-        tok, total = cpu_sampling.inverse_cdf(mass, u_t)
+        tok, total = _cpu_inverse_cdf(mass, u_t)
         run = mass.cumsum(-1)
         want = torch.searchsorted(run, (u_t * run[:, -1])[:, None], right=True)[:, 0]
         assert torch.equal(total, run[:, -1]) and torch.equal(tok, want), u
@@ -959,13 +976,27 @@ def test_sampling_offsets_of_padding_rows_over_empty_state():
     assert out.tolist() == [0, 0]
 
 
+def _cpu_weights(row: torch.Tensor, T: float) -> torch.Tensor:
+    """The CPU path's weights of one fp32 row at temperature ``T`` (no filters)."""
+    V = row.shape[0]
+    f32 = row.float()[None].numpy()
+    none = np.zeros((0, 0), dtype=np.uint16)
+    buf = np.zeros(cpu_sampling.BLOCK, dtype=np.float32)
+    m = cpu_sampling.row_max(f32, none, False, 0, V, buf)
+    w = np.zeros(V, dtype=np.float32)
+    blocks = np.zeros((V + cpu_sampling.BLOCK - 1) // cpu_sampling.BLOCK, dtype=np.float32)
+    tmp = np.zeros(cpu_sampling.BLOCK, dtype=np.int32)
+    cpu_sampling.weights(f32, none, False, 0, V, m, np.float32(T), w, blocks, buf, tmp)
+    return torch.from_numpy(w)
+
+
 @pytest.mark.parametrize("impl", ["reference", "cpu", "triton"])
 def test_logit_differences_near_the_float32_limit_do_not_overflow(impl, kernel_device):
     # l - max l = -4e38 overflows float32; the weights must still be softmax(l / T).
     logits = torch.tensor([[2e38, -2e38, 0.0]])
     T = 3e38
     p = torch.softmax(torch.tensor([2e38 / T, -2e38 / T, 0.0], dtype=torch.float64), 0)
-    w = cpu_sampling.target_weights(logits, torch.tensor([T]), None, None, None)[0]
+    w = _cpu_weights(logits[0], T)
     torch.testing.assert_close(w.double() / w.double().sum(), p, atol=1e-6, rtol=0)
     B = 400
     batch = Batch(
@@ -1157,8 +1188,8 @@ def test_logprobs_match_log_softmax_for_logits_of_any_magnitude(impl, kernel_dev
 def test_cpu_path_runs_inside_and_then_outside_inference_mode(monkeypatch):
     # An engine decodes under torch.inference_mode(); a test or a second caller then runs
     # outside it. The CPU path's reused scratch buffer, first made inside, must still be
-    # writable outside (an inference tensor is not: found by the suite's test order).
-    monkeypatch.setattr(cpu_rej, "_SCRATCH", type(cpu_rej._SCRATCH)())  # no buffer yet
+    # writable outside (a torch inference tensor was not: found by the suite's test order).
+    monkeypatch.setattr(cpu_jit, "_SCRATCH", type(cpu_jit._SCRATCH)())  # no buffer yet
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 50, generator=g)
     drafts = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
@@ -1185,8 +1216,11 @@ def test_cpu_path_keeps_no_autograd_graph_of_its_inputs():
               seeds=torch.tensor([5]), offsets=torch.tensor([0]))  # fmt: skip
     for _ in range(2):
         w = torch.randn(50, 50, requires_grad=True)
-        rejection_sample(torch.randn(3, 50) @ w, drafts, cu, **kw)
-    assert not cpu_rej._SCRATCH.buf.requires_grad
+        logits = torch.randn(3, 50) @ w
+        out = rejection_sample(logits, drafts, cu, **kw, return_logprobs=True)
+        want = rejection_sample(logits.detach(), drafts, cu, **kw, return_logprobs=True)
+        assert all(torch.equal(a.detach(), b) for a, b in zip(out, want, strict=True))
+    assert isinstance(cpu_jit._SCRATCH.buf, np.ndarray)  # numpy: no graph to keep
 
 
 def _i32t(x):

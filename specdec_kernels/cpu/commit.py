@@ -1,68 +1,85 @@
-"""Vectorised torch commit of accepted tokens: the CPU path of ``commit_accepted_tokens``.
-
-Works on the ``[B, k+1]`` tile of emitted tokens, with no Python loop: the first ``-1``,
-the first counted stop token and the length budget each cap the count, and the committed
-tokens are written with one ``index_put_``.
+"""The CPU commit of accepted tokens: ``commit_accepted_tokens`` as one numba kernel
+(``cpu/_jit.py``): per request, its emitted tokens are appended one by one, with the
+length budget checked before each one and the stop list after it.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specdec_kernels.constants import FINISH_LENGTH, FINISH_STOP
-from specdec_kernels.cpu.verify_inputs import _state_rows
+from specdec_kernels.cpu._jit import NONE_I32, NONE_I32_2D, jit, np_, opt
+
+
+@jit
+def _commit(
+    token_ids, num_tokens, output_token_ids, num_emitted, rows, has_rows, stop_token_ids,
+    has_stop, num_prompt_tokens, has_prompt, min_tokens, has_min, max_tokens, has_max,
+    num_computed_tokens, has_computed, max_model_len, committed, finished, reason,
+):  # fmt: skip
+    B, K1 = output_token_ids.shape
+    R, L_max = token_ids.shape
+    limit = min(max_model_len, L_max)
+    for b in range(B):
+        r = rows[b] if has_rows else b
+        committed[b] = 0
+        finished[b] = False
+        reason[b] = 0
+        if r < 0 or r >= R:
+            continue
+        start = min(max(np.int64(num_tokens[r]), 0), L_max)
+        length = start
+        prompt = np.int64(num_prompt_tokens[r]) if has_prompt else 0
+        min_out = np.int64(min_tokens[b]) if has_min else 0
+        budget = limit
+        if has_max:  # max_tokens output tokens
+            budget = min(budget, prompt + np.int64(max_tokens[b]))
+        why = 0
+        if length >= budget:
+            why = FINISH_LENGTH
+        else:
+            for j in range(min(max(num_emitted[b], 0), K1)):
+                tok = output_token_ids[b, j]
+                if tok < 0:  # PLACEHOLDER: the end of the emitted tokens
+                    break
+                out_index = length - prompt
+                token_ids[r, length] = tok
+                length += 1
+                stop = False
+                if has_stop and out_index >= min_out:
+                    for s in range(stop_token_ids.shape[1]):
+                        if stop_token_ids[b, s] >= 0 and stop_token_ids[b, s] == tok:
+                            stop = True
+                            break
+                if stop:
+                    why = FINISH_STOP
+                    break
+                if length >= budget:
+                    why = FINISH_LENGTH
+                    break
+        num_tokens[r] = length
+        if has_computed:
+            num_computed_tokens[r] += length - start
+        committed[b] = length - start
+        finished[b] = why != 0
+        reason[b] = why
 
 
 def commit_accepted_tokens(
     token_ids, num_tokens, output_token_ids, num_emitted, req_indices, stop_token_ids,
     num_prompt_tokens, min_tokens, max_tokens, num_computed_tokens, *, max_model_len,
 ):  # fmt: skip
-    B, K1 = output_token_ids.shape
-    R, L_max = token_ids.shape
-    rows, active = _state_rows(req_indices, B)
-    if R == 0:
-        active = torch.zeros(B, dtype=torch.bool)
-        rows = torch.zeros(B, dtype=torch.long)
-    gather = (lambda x: x[rows].long()) if R else (lambda x: torch.zeros(B, dtype=torch.long))
-    length = gather(num_tokens)
-    out_index = length - (gather(num_prompt_tokens) if num_prompt_tokens is not None else 0)
-
-    # Tokens left in the budget (<= 0: already at it).
-    room = min(max_model_len, L_max) - length
-    if max_tokens is not None:
-        room = torch.minimum(room, max_tokens.long() - out_index)
-
-    j = torch.arange(K1)[None, :]
-    tok = output_token_ids.long()
-    n = num_emitted.long().clamp(0, K1)
-    first_neg = torch.where((j < n[:, None]) & (tok < 0), j, K1).amin(dim=1)
-    n = torch.minimum(n, first_neg)
-
-    is_stop = torch.zeros((B, K1), dtype=torch.bool)
-    if stop_token_ids is not None and stop_token_ids.shape[1]:
-        stops = stop_token_ids.long()[:, None, :]
-        is_stop = ((tok[:, :, None] == stops) & (stops >= 0)).any(dim=2)
-    if min_tokens is not None:
-        is_stop &= out_index[:, None] + j >= min_tokens.long()[:, None]
-    is_stop &= j < n[:, None]
-    first_stop = torch.where(is_stop, j, K1).amin(dim=1)
-
-    count = torch.minimum(torch.minimum(n, first_stop + 1), room.clamp(min=0))
-    reason = torch.where(
-        room <= 0,
-        FINISH_LENGTH,
-        torch.where(first_stop < count, FINISH_STOP, torch.where(count == room, FINISH_LENGTH, 0)),
-    )
-    count = torch.where(active, count, 0)
-    reason = torch.where(active, reason, 0)
-
-    write = j < count[:, None]
-    token_ids[rows[:, None].expand(B, K1)[write], (length[:, None] + j)[write]] = output_token_ids[
-        write
-    ].to(token_ids.dtype)
-    if R:
-        live = rows[active]
-        num_tokens[live] = (length + count)[active].to(num_tokens.dtype)
-        if num_computed_tokens is not None:
-            num_computed_tokens[live] += count[active].to(num_computed_tokens.dtype)
-    return count.to(torch.int32), reason != 0, reason.to(torch.int8)
+    B = output_token_ids.shape[0]
+    committed = torch.empty(B, dtype=torch.int32)
+    finished = torch.empty(B, dtype=torch.bool)
+    reason = torch.empty(B, dtype=torch.int8)
+    _commit(
+        np_(token_ids), np_(num_tokens), np_(output_token_ids), np_(num_emitted),
+        opt(req_indices, NONE_I32), req_indices is not None, opt(stop_token_ids, NONE_I32_2D),
+        stop_token_ids is not None, opt(num_prompt_tokens, NONE_I32), num_prompt_tokens is not None,
+        opt(min_tokens, NONE_I32), min_tokens is not None, opt(max_tokens, NONE_I32),
+        max_tokens is not None, opt(num_computed_tokens, NONE_I32), num_computed_tokens is not None,
+        max_model_len, committed.numpy(), finished.numpy(), reason.numpy(),
+    )  # fmt: skip
+    return committed, finished, reason

@@ -1,76 +1,100 @@
-"""Vectorised torch verify-step inputs: the CPU path of ``compute_slot_mapping`` and
-``prepare_verify_inputs``.
-
-No Python loop over tokens or requests:
-
-- ``compute_slot_mapping`` finds each token's request with ``searchsorted`` on
-  ``query_start_loc`` and gathers one block-table entry per token (or, without a block
-  table, uses the contiguous layout ``r * max_model_len + pos``).
-- ``prepare_verify_inputs`` lays every request out as a ``[B, k+1]`` tile (query token
-  ``j`` of row ``b``) and scatters the tile into the packed buffers. The tile has exactly
-  ``B*(k+1)`` entries, one per output slot: entry ``j <= k_b`` goes to
-  ``qsl[b] + j`` and the ``k - k_b`` unused entries of row ``b`` go to the tail, at
-  ``qsl[B] + (b*k - cu[b]) + (j - k_b - 1)`` (``b*k - cu[b]`` is the number of unused
-  entries of the rows before ``b``). The flat drafts use the same trick on a ``[B, k]`` tile.
+"""The CPU verify-step inputs: ``compute_slot_mapping`` and ``prepare_verify_inputs`` as numba
+kernels (``cpu/_jit.py``), one loop over the batch's requests and their query tokens.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specdec_kernels.constants import PAD_SLOT
+from specdec_kernels.cpu._jit import NONE_I32, NONE_I32_2D, jit, np_, opt
 
 
-def _state_rows(req_indices: torch.Tensor | None, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(r clamped at 0, active)`` for every batch row, int64 / bool ``[B]``."""
-    if req_indices is None:
-        return torch.arange(batch), torch.ones(batch, dtype=torch.bool)
-    rows = req_indices.long()
-    return rows.clamp(min=0), rows >= 0
+@jit
+def slot_of(block_table, has_table, r, pos, block_size, max_model_len):
+    """The KV slot of position ``pos`` of state row ``r`` (paged, or ``r * max_model_len +
+    pos`` without a table), ``PAD_SLOT`` where nothing may be written."""
+    if r < 0 or pos < 0 or (max_model_len >= 0 and pos >= max_model_len):
+        return PAD_SLOT
+    if not has_table:
+        return r * max_model_len + pos
+    idx = pos // block_size
+    if r >= block_table.shape[0] or idx >= block_table.shape[1]:
+        return PAD_SLOT
+    block = np.int64(block_table[r, idx])
+    if block < 0:
+        return PAD_SLOT
+    return block * block_size + pos % block_size
 
 
-def _slots(
-    block_table: torch.Tensor | None,
-    rows: torch.Tensor,
-    pos: torch.Tensor,
-    valid: torch.Tensor,
-    block_size: int,
-    max_model_len: int | None,
-) -> torch.Tensor:
-    """Slots of int64 ``pos`` in state rows ``rows`` (same shape); -1 where not ``valid``.
+@jit
+def _slot_mapping(block_table, has_table, positions, qsl, rows, has_rows, block_size,
+                  max_model_len, out):  # fmt: skip
+    T = positions.shape[0]
+    out[:] = PAD_SLOT
+    for b in range(qsl.shape[0] - 1):
+        r = rows[b] if has_rows else b
+        for t in range(max(qsl[b], 0), min(qsl[b + 1], T)):
+            out[t] = slot_of(block_table, has_table, r, np.int64(positions[t]), block_size,
+                             max_model_len)  # fmt: skip
 
-    Without a block table: the contiguous layout ``rows * max_model_len + pos``.
-    """
-    ok = valid & (pos >= 0)
-    if max_model_len is not None:
-        ok &= pos < max_model_len
-    if block_table is None:
-        return torch.where(ok, rows * max_model_len + pos, PAD_SLOT)
-    R, max_blocks = block_table.shape
-    if R == 0 or max_blocks == 0:
-        return torch.full_like(pos, PAD_SLOT)
-    idx = torch.div(pos, block_size, rounding_mode="floor")
-    ok &= idx < max_blocks
-    block = block_table[rows.clamp(0, R - 1), idx.clamp(0, max_blocks - 1)].long()
-    ok &= block >= 0
-    return torch.where(ok, block * block_size + pos.remainder(block_size), PAD_SLOT)
+
+@jit
+def _prepare(token_ids, num_tokens, draft_token_ids, num_draft_tokens, block_table, has_table,
+             rows, has_rows, block_size, max_model_len, input_ids, positions, qsl, seq_lens,
+             slot_mapping, cu, flat_drafts):  # fmt: skip
+    B, k = draft_token_ids.shape
+    R, L_max = token_ids.shape
+    t = 0  # next query slot
+    d = 0  # next flat draft slot
+    qsl[0] = 0
+    cu[0] = 0
+    for b in range(B):
+        r = rows[b] if has_rows else b
+        if r < 0 or r >= R or L_max == 0:  # padding row: one dummy token, no drafts
+            input_ids[t] = 0
+            positions[t] = 0
+            slot_mapping[t] = PAD_SLOT
+            seq_lens[b] = 1
+            t += 1
+        else:
+            L = min(max(np.int64(num_tokens[r]), 0), L_max)
+            k_b = min(max(np.int64(num_draft_tokens[b]), 0), k)  # clamped, as the kernel does
+            for j in range(k_b + 1):
+                pos = L - 1 + j
+                input_ids[t] = token_ids[r, max(L - 1, 0)] if j == 0 else draft_token_ids[b, j - 1]
+                positions[t] = pos
+                slot_mapping[t] = slot_of(block_table, has_table, r, pos, block_size, max_model_len)
+                t += 1
+            for j in range(k_b):
+                flat_drafts[d] = draft_token_ids[b, j]
+                d += 1
+            seq_lens[b] = L + k_b
+        qsl[b + 1] = t
+        cu[b + 1] = d
+    for i in range(t, input_ids.shape[0]):  # the tail belongs to no request
+        input_ids[i] = 0
+        positions[i] = 0
+        slot_mapping[i] = PAD_SLOT
+    for i in range(d, flat_drafts.shape[0]):
+        flat_drafts[i] = -1
+
+
+def _mml(max_model_len):
+    return -1 if max_model_len is None else max_model_len
 
 
 def compute_slot_mapping(
     block_table, positions, query_start_loc, req_indices, *, block_size, max_model_len,
 ):  # fmt: skip
-    T = positions.shape[0]
-    B = query_start_loc.shape[0] - 1
-    if B == 0 or T == 0:
-        return torch.full((T,), PAD_SLOT, dtype=torch.int64)
-    qsl = query_start_loc.long()
-    t = torch.arange(T)
-    b = torch.searchsorted(qsl[1:], t, right=True).clamp(max=B - 1)
-    valid = (t >= qsl[0]) & (t < qsl[B])
-    rows, active = _state_rows(req_indices, B)
-    return _slots(
-        block_table, rows[b], positions.long(), valid & active[b], block_size, max_model_len
-    )
+    out = torch.empty(positions.shape[0], dtype=torch.int64)
+    _slot_mapping(
+        opt(block_table, NONE_I32_2D), block_table is not None, np_(positions),
+        np_(query_start_loc), opt(req_indices, NONE_I32), req_indices is not None, block_size,
+        _mml(max_model_len), out.numpy(),
+    )  # fmt: skip
+    return out
 
 
 def prepare_verify_inputs(
@@ -78,56 +102,16 @@ def prepare_verify_inputs(
     block_size, max_model_len,
 ):  # fmt: skip
     B, k = draft_token_ids.shape
-    R, L_max = token_ids.shape
-    rows, active = _state_rows(req_indices, B)
-    if R == 0 or L_max == 0:
-        active = torch.zeros(B, dtype=torch.bool)
-        rows = torch.zeros(B, dtype=torch.long)
-    k_b = torch.where(active, num_draft_tokens.long().clamp(0, k), 0)  # as the kernel does
-    cu = torch.zeros(B + 1, dtype=torch.long)
-    torch.cumsum(k_b, 0, out=cu[1:])
-    b_idx = torch.arange(B)
-    qsl = cu + torch.arange(B + 1)
-    length = torch.where(active, num_tokens[rows].long() if R else 0, 0)
-    unused_before = b_idx * k - cu[:-1]  # tail entries owned by the rows before b
-
-    # Query tile [B, k+1]: entry j <= k_b is query token j; a padding row has k_b = 0, so
-    # its entry 0 is the dummy token.
-    j = torch.arange(k + 1)[None, :]
-    real = j <= k_b[:, None]
-    live = real & active[:, None]
-    if R and L_max:
-        last = token_ids[rows, (length - 1).clamp(0, L_max - 1)]
-    else:
-        last = torch.zeros(B, dtype=torch.int32)
-    query = torch.cat([last[:, None].to(torch.int32), draft_token_ids], dim=1)
-    ids = torch.where(live, query, 0).to(torch.int32)
-    pos = torch.where(live, length[:, None] - 1 + j, 0)
-    slot = _slots(block_table, rows[:, None].expand(B, k + 1), pos, live, block_size, max_model_len)
-    dest = torch.where(
-        real, qsl[:-1, None] + j, qsl[B] + unused_before[:, None] + (j - k_b[:, None] - 1)
-    ).flatten()
-    num_query = B * (k + 1)
-    input_ids = torch.empty(num_query, dtype=torch.int32).index_put_((dest,), ids.flatten())
-    positions = torch.empty(num_query, dtype=torch.int64).index_put_((dest,), pos.flatten())
-    slot_mapping = torch.empty(num_query, dtype=torch.int64).index_put_((dest,), slot.flatten())
-
-    # Draft tile [B, k]: entry j < k_b goes to cu[b] + j, the rest (-1) to the tail.
-    jd = torch.arange(k)[None, :]
-    real_d = jd < k_b[:, None]
-    dest_d = torch.where(
-        real_d, cu[:-1, None] + jd, cu[B] + unused_before[:, None] + (jd - k_b[:, None])
-    ).flatten()
-    vals_d = torch.where(real_d, draft_token_ids, -1).to(torch.int32).flatten()
-    flat_drafts = torch.empty(B * k, dtype=torch.int32).index_put_((dest_d,), vals_d)
-
-    seq_lens = torch.where(active, length + k_b, 1).to(torch.int32)
-    return (
-        input_ids,
-        positions,
-        qsl.to(torch.int32),
-        seq_lens,
-        slot_mapping,
-        cu.to(torch.int32),
-        flat_drafts,
-    )
+    T = B * (k + 1)
+    i32, i64 = torch.int32, torch.int64
+    outs = (
+        torch.empty(T, dtype=i32), torch.empty(T, dtype=i64), torch.empty(B + 1, dtype=i32),
+        torch.empty(B, dtype=i32), torch.empty(T, dtype=i64), torch.empty(B + 1, dtype=i32),
+        torch.empty(B * k, dtype=i32),
+    )  # fmt: skip
+    _prepare(
+        np_(token_ids), np_(num_tokens), np_(draft_token_ids), np_(num_draft_tokens),
+        opt(block_table, NONE_I32_2D), block_table is not None, opt(req_indices, NONE_I32),
+        req_indices is not None, block_size, _mml(max_model_len), *(o.numpy() for o in outs),
+    )  # fmt: skip
+    return outs

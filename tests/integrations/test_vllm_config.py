@@ -67,7 +67,12 @@ def test_proposer_from_a_real_vllm_config(tmp_path):
     assert result["method"] == "custom_class"
     # vLLM 0.33.0 zeroes these for custom classes: the range comes from additional_config
     assert result["prompt_lookup"] == [0, 0]
-    assert result["settings"] == [2, 5, 4, 64, "first"]  # the README's range and k
+    assert result["settings"][:5] == [2, 5, 4, 64, "first"]  # the README's range and k
+    assert result["settings"][5:8] == [True, 0, "finished"]  # the index by default, no corpus
+    assert result["settings"][8] == [2]  # the model's EOS (config.json) ends a request
+    # the opt-in corpus from a real config: with an empty corpus, the same drafts
+    assert result["corpus_settings"][6] == 512
+    assert result["with_corpus"] == result["ours"]
     # custom_class runs on the V1 model runner, whose rejection sampler the plugin wraps
     assert result["use_v2_model_runner"] is False
     assert result["ours"] == result["theirs"]

@@ -49,6 +49,26 @@ def main(model_dir: str, serve_flags: list[str]) -> None:
     token_ids = rng.integers(0, 4, size=(8, 64), dtype=np.int32)
     num_tokens = np.array([64, 63, 40, 17, 9, 5, 3, 2], dtype=np.int32)
     sampled = [[1], [1], [1], [], [1], [1], [1], [1]]
+    # the opt-in corpus, through the same loader and a real config's additional_config
+    with_corpus = EngineArgs(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        max_model_len=64,
+        max_num_seqs=8,
+        speculative_config={
+            "method": "custom_class",
+            "model": "specdec_kernels.integrations.vllm.NgramProposer",
+            "num_speculative_tokens": s.num_speculative_tokens,
+        },
+        additional_config={
+            "specdec_kernels": {
+                "prompt_lookup_min": 2,
+                "prompt_lookup_max": 5,
+                "corpus_tokens": 512,
+            }
+        },
+    ).create_engine_config()
+    corpus_proposer = create_custom_proposer(with_corpus)
     spec = ours_config.speculative_config
     result = {
         "class": f"{type(ours).__module__}.{type(ours).__qualname__}",
@@ -60,6 +80,8 @@ def main(model_dir: str, serve_flags: list[str]) -> None:
         "theirs": theirs.propose(
             s.num_speculative_tokens, sampled, num_tokens, token_ids, slot_mappings=None
         ),
+        "corpus_settings": list(corpus_proposer.settings),
+        "with_corpus": corpus_proposer.propose(sampled, num_tokens, token_ids, slot_mappings=None),
     }
     print("RESULT " + json.dumps(result))
 

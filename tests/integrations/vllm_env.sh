@@ -50,6 +50,10 @@ echo "test-vllm: this tree installed in $(($(date +%s) - start)) s"
 "$PY" -c 'import torch, vllm; print(f"test-vllm: vllm {vllm.__version__}, torch {torch.__version__}")'
 
 cd "$ROOT"
+if [ "${1:-}" = "--bench" ]; then  # `make bench-vllm`: the proposer benchmark in this venv
+    shift
+    exec env PYTHONPATH="$ROOT" "$PY" -m bench.vllm_proposer "$@"
+fi
 export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
 # -P: the clone's root is not on sys.path, so a stale specdec_kernels.egg-info there (from
 # the main venv's editable install) cannot hide the installed entry points

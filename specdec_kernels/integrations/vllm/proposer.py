@@ -6,134 +6,35 @@ vLLM (0.33.0) loads it from ``speculative_config={"method": "custom_class", "mod
 and, on the V1 model runner, calls ``propose(sampled_token_ids, num_tokens_no_spec,
 token_ids_cpu, slot_mappings=...)`` after every step. Nothing here imports vLLM: the
 config is read by attribute, and the arrays are vLLM's host-side numpy buffers.
+
+By default the proposer keeps an own-history n-gram index of vLLM's rows (built when a
+request appears in a row, extended with each step's new tokens: ``rows.py`` says how a
+new, moved or resumed request is told from a continuing one), so a step costs
+O(new tokens) per request instead of a rescan of every history; with ``corpus_tokens``
+it also drafts from a shared corpus of the requests that finished.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from specdec_kernels.ops import ngram_propose
+from specdec_kernels.integrations.vllm.rows import RowTracker
+from specdec_kernels.integrations.vllm.settings import NgramSettings, ngram_settings
+from specdec_kernels.ops import (
+    NgramIndex,
+    corpus_append,
+    new_corpus,
+    new_ngram_index,
+    ngram_index_build,
+    ngram_index_extend,
+    ngram_propose,
+)
 
-CONFIG_KEY = "specdec_kernels"
-"""Key of this library's section in vLLM's ``additional_config``."""
-
-NGRAM_OPTIONS = ("prompt_lookup_min", "prompt_lookup_max", "tie_break")
-"""Keys the proposer reads from ``additional_config["specdec_kernels"]``."""
-
-DEFAULT_NGRAM = 5
-"""vLLM's default ``prompt_lookup_min = prompt_lookup_max`` when neither is given."""
-
-
-class NgramSettings(NamedTuple):
-    """What :class:`NgramProposer` drafts with, resolved from a ``VllmConfig``."""
-
-    min_n: int
-    """Shortest n-gram matched (vLLM ``prompt_lookup_min``), ``>= 1``."""
-    max_n: int
-    """Longest n-gram matched (vLLM ``prompt_lookup_max``), ``>= min_n``."""
-    num_speculative_tokens: int
-    """``k``: at most this many drafts per request and step."""
-    max_model_len: int
-    """Drafts never take a request past this many tokens."""
-    tie_break: str
-    """``"first"`` (leftmost match: vLLM's CPU proposer) or ``"last"`` (most recent)."""
-
-
-def _section(vllm_config: Any) -> Mapping[str, Any]:
-    extra = getattr(vllm_config, "additional_config", None) or {}
-    if not isinstance(extra, Mapping):
-        return {}
-    section = extra.get(CONFIG_KEY, {}) or {}
-    if not isinstance(section, Mapping):
-        raise ValueError(
-            f"additional_config[{CONFIG_KEY!r}] must be a dict, got {type(section).__name__}"
-        )
-    unknown = sorted(set(section) - set(NGRAM_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"additional_config[{CONFIG_KEY!r}] has unknown keys {unknown}; "
-            f"the proposer reads {list(NGRAM_OPTIONS)}"
-        )
-    return section
-
-
-def _positive_or_none(name: str, value: Any) -> int | None:
-    # vLLM 0.33.0 sets prompt_lookup_min/max to 0 for method="custom_class": 0 means unset
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 0):
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def ngram_settings(vllm_config: Any) -> NgramSettings:
-    """Resolve the n-gram drafting parameters from a vLLM ``VllmConfig``.
-
-    ``prompt_lookup_min`` / ``prompt_lookup_max`` come from ``speculative_config`` when set
-    there (>= 1), else from ``additional_config["specdec_kernels"]``: vLLM 0.33.0 resets
-    both to 0 for ``method="custom_class"`` (``vllm/config/speculative.py``), so with that
-    version they must be passed in ``additional_config``. Missing values follow vLLM's
-    n-gram method: neither given means 5 and 5, one given sets both. ``k`` is
-    ``speculative_config.num_speculative_tokens`` and the length cap is
-    ``model_config.max_model_len``, as vLLM's own ``NgramProposer`` reads them.
-
-    Parameters
-    ----------
-    vllm_config : vllm.config.VllmConfig
-        The engine's configuration (any object with the same attributes).
-
-    Returns
-    -------
-    NgramSettings
-
-    Raises
-    ------
-    ValueError
-        No ``speculative_config``; ``num_speculative_tokens`` or ``max_model_len`` not an
-        int >= 1; a ``prompt_lookup_*`` value not an int >= 1 or given differently in both
-        places; ``prompt_lookup_min > prompt_lookup_max``; ``additional_config
-        ["specdec_kernels"]`` not a dict or with keys other than ``prompt_lookup_min``,
-        ``prompt_lookup_max``, ``tie_break``; ``tie_break`` not ``"first"`` or ``"last"``.
-    """
-    spec = getattr(vllm_config, "speculative_config", None)
-    if spec is None:
-        raise ValueError("vllm_config.speculative_config is None: speculative decoding is off")
-    section = _section(vllm_config)
-    bounds = {}
-    for name in ("prompt_lookup_min", "prompt_lookup_max"):
-        from_spec = _positive_or_none(f"speculative_config.{name}", getattr(spec, name, None))
-        from_extra = _positive_or_none(
-            f"additional_config[{CONFIG_KEY!r}][{name!r}]", section.get(name)
-        )
-        if from_spec is not None and from_extra is not None and from_spec != from_extra:
-            raise ValueError(
-                f"{name} is {from_spec} in speculative_config but {from_extra} in "
-                f"additional_config[{CONFIG_KEY!r}]; give it once"
-            )
-        bounds[name] = from_spec if from_spec is not None else from_extra
-    lo, hi = bounds["prompt_lookup_min"], bounds["prompt_lookup_max"]
-    if lo is None and hi is None:
-        lo = hi = DEFAULT_NGRAM
-    elif lo is None:
-        lo = hi
-    elif hi is None:
-        hi = lo
-    if lo > hi:
-        raise ValueError(f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
-    k = spec.num_speculative_tokens
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"speculative_config.num_speculative_tokens must be >= 1, got {k!r}")
-    max_model_len = vllm_config.model_config.max_model_len
-    if not isinstance(max_model_len, int) or max_model_len < 1:
-        raise ValueError(f"model_config.max_model_len must be an int >= 1, got {max_model_len!r}")
-    tie_break = section.get("tie_break", "first")
-    if tie_break not in ("first", "last"):
-        raise ValueError(f"tie_break must be 'first' or 'last', got {tie_break!r}")
-    return NgramSettings(lo, hi, k, max_model_len, tie_break)
+__all__ = ["NgramProposer", "NgramSettings", "ngram_settings"]
 
 
 def _as_int32(name: str, array: Any, ndim: int) -> torch.Tensor:
@@ -145,16 +46,25 @@ def _as_int32(name: str, array: Any, ndim: int) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-class NgramProposer:
-    """vLLM ``custom_class`` proposer: own-history n-gram drafts from ``ngram_propose``.
+def index_bytes(settings: NgramSettings, rows: int) -> int:
+    """Memory of the own-history index of ``rows`` rows (``R x N x S x 8``, ``S = 2L``)."""
+    return rows * (settings.max_n - settings.min_n + 1) * 2 * settings.max_model_len * 8
 
-    Drafts exactly what vLLM's CPU ``NgramProposer`` drafts (``tie_break="first"``, the
-    default: the longest n in ``[prompt_lookup_min, prompt_lookup_max]``, then the leftmost
-    earlier occurrence), with the same skips: a request whose ``sampled_token_ids`` entry
-    is empty (a partial prefill, or a discarded sample) and a request with
-    ``num_tokens_no_spec >= max_model_len`` get no drafts, and no draft takes a request
-    past ``max_model_len``. Runs the CPU path of ``ngram_propose`` on vLLM's host buffers
-    (no copy of ``token_ids_cpu``, no device transfer), like vLLM's numba proposer.
+
+class NgramProposer:
+    """vLLM ``custom_class`` proposer: n-gram drafts from ``ngram_propose``.
+
+    Without a corpus it drafts exactly what vLLM's CPU ``NgramProposer`` drafts
+    (``tie_break="first"``, the default: the longest n in ``[prompt_lookup_min,
+    prompt_lookup_max]``, then the leftmost earlier occurrence), with the same skips: a
+    request whose ``sampled_token_ids`` entry is empty (a partial prefill, or a discarded
+    sample) and a request with ``num_tokens_no_spec >= max_model_len`` get no drafts, and
+    no draft takes a request past ``max_model_len``. Runs on vLLM's host buffers (no copy
+    of ``token_ids_cpu``, no device transfer). Options in
+    ``additional_config["specdec_kernels"]``: :func:`ngram_settings`; the index takes
+    ``max_num_seqs x (max_n - min_n + 1) x 2 max_model_len x 8`` bytes (``max_index_bytes``
+    caps it), the corpus ``corpus_tokens x 20 + (max_n - min_n + 1) x 4 corpus_tokens x 8``
+    and a copy of vLLM's token buffer.
 
     Parameters
     ----------
@@ -164,11 +74,32 @@ class NgramProposer:
     Raises
     ------
     ValueError
-        From :func:`ngram_settings`.
+        From :func:`ngram_settings`; an index over ``max_num_seqs`` rows larger than
+        ``max_index_bytes``.
     """
 
     def __init__(self, vllm_config: Any):
-        self.settings = ngram_settings(vllm_config)
+        self.settings = s = ngram_settings(vllm_config)
+        rows = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 1) or 1
+        if s.index and index_bytes(s, rows) > s.max_index_bytes:
+            raise ValueError(
+                f"the own-history index of {rows} rows x {s.max_model_len} tokens x n in "
+                f"[{s.min_n}, {s.max_n}] takes {index_bytes(s, rows) / 2**30:.1f} GiB, over "
+                f"max_index_bytes ({s.max_index_bytes}): raise it, or set index: false"
+            )
+        self._shape = None  # the state follows vLLM's buffer, made at the first call
+        self._stops = np.array(s.stop_token_ids, dtype=np.int64)
+
+    def _state(self, shape: tuple[int, int]) -> None:
+        if self._shape == shape:
+            return
+        s, (R, W) = self.settings, shape
+        self._index = new_ngram_index(R, W, min_n=s.min_n, max_n=s.max_n)
+        self._corpus = None
+        if s.corpus_tokens:
+            self._corpus = new_corpus(s.corpus_tokens, min_n=s.min_n, max_n=s.max_n)
+        self._rows = RowTracker(R, W, keep_histories=self._corpus is not None)
+        self._shape = shape
 
     def propose(
         self,
@@ -216,23 +147,61 @@ class NgramProposer:
                 f"token_ids_cpu {tuple(token_ids.shape)} and num_tokens_no_spec "
                 f"{tuple(num_tokens.shape)} must have a row for each of the {B} requests"
             )
+        lengths = num_tokens.numpy()[:B]
+        W = token_ids.shape[1]
+        if lengths.min() < 0 or lengths.max() > W:
+            raise ValueError(
+                f"num_tokens_no_spec must lie in [0, {W}] (token_ids_cpu.shape[1]), got values "
+                f"in [{lengths.min()}, {lengths.max()}]"
+            )
         s = self.settings
         caps = torch.tensor(
             [s.num_speculative_tokens if len(ids) else 0 for ids in sampled_token_ids],
             dtype=torch.int32,
         )
-        proposal = ngram_propose(
-            token_ids[:B],
-            num_tokens[:B],
-            min_n=s.min_n,
-            max_n=s.max_n,
-            num_speculative_tokens=s.num_speculative_tokens,
-            max_model_len=s.max_model_len,
-            max_draft_tokens=caps,
-            tie_break=s.tie_break,
-        )
+        kw = dict(min_n=s.min_n, max_n=s.max_n, num_speculative_tokens=s.num_speculative_tokens)
+        kw.update(max_model_len=s.max_model_len, max_draft_tokens=caps, tie_break=s.tie_break)
+        if not s.index:  # a rescan of every history
+            proposal = ngram_propose(token_ids[:B], num_tokens[:B], **kw, validate=False)
+        else:
+            proposal = self._from_index(token_ids, num_tokens, B, kw)
         drafts, counts = proposal.draft_token_ids.tolist(), proposal.num_draft_tokens.tolist()
         return [row[:c] for row, c in zip(drafts, counts, strict=True)]
+
+    def _from_index(self, token_ids, num_tokens, B, kw):
+        self._state(tuple(token_ids.shape))
+        index = self._index
+        rebuild, extend, left = self._rows.update(token_ids.numpy(), num_tokens.numpy(), B)
+        if rebuild.size:
+            rows = torch.from_numpy(rebuild)
+            ngram_index_build(token_ids, num_tokens, rows, index=index, validate=False)
+        if extend.size:
+            rows = torch.from_numpy(extend)
+            ngram_index_extend(token_ids, num_tokens, rows, index=index, validate=False)
+        if self._corpus is not None and left:
+            self._add_documents(left)
+        batch = NgramIndex(index.table[:B], index.length[:B], index.min_n, index.max_n)
+        return ngram_propose(
+            token_ids[:B], num_tokens[:B], **kw, index=batch, corpus=self._corpus, validate=False
+        )
+
+    def _add_documents(self, histories: list[np.ndarray]) -> None:
+        """The requests that left the batch and finished join the corpus (``corpus_documents``
+        says which: a preempted request, which will come back, never does by default)."""
+        s = self.settings
+        if s.corpus_documents == "finished":
+            histories = [
+                h for h in histories
+                if h.shape[0] >= s.max_model_len or np.isin(h[-1], self._stops)
+            ]  # fmt: skip
+        if not histories:
+            return
+        width = max(h.shape[0] for h in histories)
+        docs = np.zeros((len(histories), width), dtype=np.int32)
+        for i, h in enumerate(histories):
+            docs[i, : h.shape[0]] = h
+        lens = torch.tensor([h.shape[0] for h in histories], dtype=torch.int32)
+        corpus_append(torch.from_numpy(docs), lens, corpus=self._corpus, validate=False)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No model to load (vLLM calls this with the target model when present)."""

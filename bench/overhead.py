@@ -1,0 +1,148 @@
+"""What one call costs on the host, per op: ``python -m bench.overhead``.
+
+For each case of the conformance registry (tests/conformance.py: every op, small shapes):
+
+- ``cpu``: the public function on CPU tensors (validation with value checks, the
+  dispatcher, the numba kernel);
+- ``cuda host``: what a CUDA call costs the host, measured on the CPU: the public function
+  with ``validate=False`` (CUDA tensors get no value checks), the dispatcher, and the
+  Triton launcher's Python (allocations, grid, arguments) with every kernel launch
+  stubbed (the launch itself, ~5-20 us on a GPU, is not in it);
+- ``dispatch``: ``torch.ops.specdec.<op>`` alone, its implementation a stub.
+
+Medians of interleaved rounds, one thread. Writes ``bench/results/<date>-overhead-<machine>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class _NoLaunch:
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](...)`` does nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def _stub_launches() -> None:
+    from specdec_kernels.ops._library import OPS
+
+    for info in OPS.values():
+        module = importlib.import_module(info.cuda.split(":")[0])
+        for name, obj in list(vars(module).items()):
+            if name.endswith("_kernel") and hasattr(obj, "arg_names"):
+                setattr(module, name, _NoLaunch())
+
+
+def _time(fn, rounds: int) -> float:
+    for _ in range(20):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        fn()
+    return (time.perf_counter() - t0) / rounds
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__)
+    p.add_argument("--rounds", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from specdec_kernels.ops._library import OPS, lib
+    from tests.conformance import CASES
+
+    families = {
+        importlib.import_module(f"specdec_kernels.ops.{info.cuda.split(':')[0].rsplit('.', 1)[1]}")
+        for info in OPS.values()
+    }
+    real_checks = {m: m.should_check_values for m in families}
+
+    def value_checks(on: bool) -> None:
+        """Value checks on (CPU tensors' default) or off (what a CUDA caller gets)."""
+        for m, fn in real_checks.items():
+            m.should_check_values = fn if on else (lambda tensors, validate: False)
+
+    rows = {c.name: {"cpu": [], "cuda host": [], "dispatch": []} for c in CASES}
+    inputs = {c.name: c.make() for c in CASES}
+    outputs = {}
+    for c in CASES:  # the outputs a stub returns: the op's own, made once
+        out = getattr(torch.ops.specdec, c.op)(**c.make())
+        outputs[c.op] = out
+    cpu_impls = {op: info.cpu for op, info in OPS.items()}
+    launchers = {}
+    _stub_launches()
+    for op, info in OPS.items():
+        module, name = info.cuda.split(":")
+        launchers[op] = getattr(importlib.import_module(module), name)
+    override = torch.library.Library("specdec", "IMPL")
+
+    def use(kind):
+        for op in OPS:
+            if kind == "cpu":
+                fn = cpu_impls[op]
+            elif kind == "cuda host":
+                fn = launchers[op]
+            else:
+                fn = (lambda out: lambda *a, **k: out)(outputs[op])
+            override.impl(op, fn, "CPU")
+
+    for _ in range(args.repeats):  # interleaved: every kind once per repeat
+        for kind in ("cpu", "cuda host", "dispatch"):
+            use(kind)
+            value_checks(kind == "cpu")
+            for c in CASES:
+                a = inputs[c.name]
+                if kind == "dispatch":
+                    fn = lambda c=c, a=a: getattr(torch.ops.specdec, c.op)(**a)  # noqa: E731
+                else:
+                    fn = lambda c=c, a=a: c.public(a)  # noqa: E731
+                rows[c.name][kind].append(_time(fn, args.rounds))
+    use("cpu")
+    value_checks(True)
+    del lib  # (imported for the registrations only)
+
+    from bench.__main__ import default_machine_name
+
+    date = datetime.date.today().isoformat()
+    path = args.out / f"{date}-overhead-{default_machine_name(1)}.md"
+    lines = [
+        "# Host cost of one call per op",
+        "",
+        f"`python -m bench.overhead --rounds {args.rounds} --repeats {args.repeats}`, one "
+        f"thread, torch {torch.__version__}; medians of {args.repeats} interleaved repeats "
+        "of the mean of a round. `cpu`: the public function on CPU tensors (value checks, "
+        "dispatcher, numba kernel). `cuda host`: the public function without value checks "
+        "(as for CUDA tensors), the dispatcher and the Triton launcher's Python with the "
+        "kernel launches stubbed. `dispatch`: `torch.ops.specdec.<op>` with a stub behind it.",
+        "",
+        "| op / case | cpu (us) | cuda host (us) | dispatch (us) |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, r in rows.items():
+        med = {k: statistics.median(v) * 1e6 for k, v in r.items()}
+        lines.append(
+            f"| {name} | {med['cpu']:.1f} | {med['cuda host']:.1f} | {med['dispatch']:.1f} |"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

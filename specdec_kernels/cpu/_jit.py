@@ -1,0 +1,81 @@
+"""The CPU path's compiler and its bridge to torch: numba kernels on numpy views.
+
+Every CPU implementation is one ``@jit`` (numba ``njit``) kernel over numpy views of the
+op's tensors, called once per op: no per-element Python and no train of small torch ops,
+so a call costs the dispatcher plus a few microseconds (``docs/design.md``, "CPU path").
+
+- ``cache=True``: compiled code is written to numba's cache (``__pycache__`` beside this
+  package when it is writable, else numba's user-wide cache directory, or
+  ``NUMBA_CACHE_DIR``), so only the first call on a machine pays the compile.
+- ``nogil=True``: kernels release the GIL; they keep no global state (scratch buffers
+  are per thread), so two Python threads may call the ops at once. No ``parallel=True``:
+  one thread per call (never more than ``torch.get_num_threads()``), no thread pool to
+  break in a forked worker.
+- ``boundscheck=False``: every index a kernel computes from tensor values is guarded in
+  the kernel (rows outside the state are skipped, lengths clamped to the buffers), so bad
+  unchecked values cannot touch memory outside the arrays.
+- ``error_model="numpy"``: float division by zero gives inf/NaN as in torch, no exception.
+
+numba has no float16 or bfloat16 on the CPU: kernels read bfloat16 as its 16-bit pattern
+(``uint16``, widened exactly to float32 in the kernel); float16 is widened by torch first.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+import torch
+
+jit = numba.njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+"""The decorator of every CPU kernel."""
+
+NONE_I32 = np.zeros(0, dtype=np.int32)
+NONE_I64 = np.zeros(0, dtype=np.int64)
+NONE_F32 = np.zeros(0, dtype=np.float32)
+NONE_U16 = np.zeros(0, dtype=np.uint16)
+NONE_I32_2D = np.zeros((0, 0), dtype=np.int32)
+NONE_I64_2D = np.zeros((0, 0), dtype=np.int64)
+NONE_F32_2D = np.zeros((0, 0), dtype=np.float32)
+NONE_U16_2D = np.zeros((0, 0), dtype=np.uint16)
+NONE_I32_4D = np.zeros((0, 0, 0, 0), dtype=np.int32)
+"""What a kernel gets for an absent optional tensor, beside a ``has_<x>`` flag: one
+compiled kernel serves calls with and without it (a ``None`` would compile one per
+combination)."""
+
+
+def np_(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor (no copy; any strides)."""
+    return t.detach().numpy()
+
+
+def opt(t: torch.Tensor | None, none: np.ndarray) -> np.ndarray:
+    """``np_(t)``, or the empty placeholder ``none`` for an absent tensor."""
+    return none if t is None else t.detach().numpy()
+
+
+def float_rows(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """``(f32, u16)`` views of fp32, bf16 or fp16 rows ``[n, V]``: exactly one is non-empty.
+
+    bfloat16 goes as its bit pattern (the kernel widens it); float16 is widened to float32
+    by torch (numba has no float16 on the CPU).
+    """
+    if t.dtype == torch.bfloat16:
+        return NONE_F32_2D, t.detach().view(torch.int16).numpy().view(np.uint16)
+    if t.dtype != torch.float32:
+        t = t.float()
+    return t.detach().numpy(), NONE_U16_2D
+
+
+_SCRATCH = threading.local()
+
+
+def scratch(n: int) -> np.ndarray:
+    """A float32 working buffer of at least ``n`` entries, reused from call to call in each
+    thread (a fresh multi-MiB array page-faults in on every call)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.shape[0] < n:
+        buf = np.empty(max(n, 1 << 16), dtype=np.float32)
+        _SCRATCH.buf = buf
+    return buf

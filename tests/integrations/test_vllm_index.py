@@ -1,0 +1,157 @@
+"""The proposer's own-history index follows vLLM's persistent batch: drafts identical to
+vLLM's ``ngram`` method (a rescan every step) under random schedules of admissions,
+growth, finished requests, condensing, swaps and preemptions; and the opt-in corpus takes
+finished requests, never preempted ones.
+
+``Batch`` plays vLLM's ``InputBatch`` as far as a proposer sees it: the rows of
+``token_ids_cpu`` (stale tokens past each history), ``num_tokens_no_spec``, requests
+admitted into the next free row, removed (finished or preempted) and the last row moved
+into the hole (``condense``), rows swapped (``swap_states``), a preempted request admitted
+again later, maybe into another row, with the same history.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_vllm_ngram import MAX_NUM_SEQS, proposers, stand_in_config
+
+from specdec_kernels.integrations.vllm import NgramProposer
+
+L = 96  # max_model_len
+
+
+class Batch:
+    def __init__(self, rng):
+        self.rng = rng
+        self.tok = rng.integers(0, 1000, size=(MAX_NUM_SEQS, L), dtype=np.int32)  # stale
+        self.num = np.zeros(MAX_NUM_SEQS, dtype=np.int32)
+        self.rows: list[int] = []  # request id per row, rows 0 .. B-1
+        self.hist: dict[int, list[int]] = {}
+        self.preempted: list[int] = []
+        self.next_id = 0
+
+    def admit(self, rid=None):
+        if len(self.rows) == MAX_NUM_SEQS:
+            return
+        if rid is None:  # a new request: a prompt of a small vocabulary (n-grams repeat)
+            rid, self.next_id = self.next_id, self.next_id + 1
+            vocab = int(self.rng.choice([2, 3, 5, 40]))
+            self.hist[rid] = self.rng.integers(
+                0, vocab, size=int(self.rng.integers(1, 40))
+            ).tolist()
+        r = len(self.rows)
+        h = self.hist[rid]
+        self.tok[r, : len(h)] = h
+        self.num[r] = len(h)
+        self.rows.append(rid)
+
+    def remove(self, i, *, preempt):
+        rid = self.rows[i]
+        last = len(self.rows) - 1
+        if i != last:  # condense: the last row moves into the hole (its prefix only)
+            n = self.num[last]
+            self.tok[i, :n] = self.tok[last, :n]
+            self.num[i] = n
+            self.rows[i] = self.rows[last]
+        self.rows.pop()
+        if preempt:
+            self.preempted.append(rid)
+        return rid
+
+    def swap(self, i, j):
+        self.tok[[i, j]] = self.tok[[j, i]]
+        self.num[[i, j]] = self.num[[j, i]]
+        self.rows[i], self.rows[j] = self.rows[j], self.rows[i]
+
+    def grow(self):
+        for r, rid in enumerate(self.rows):
+            h = self.hist[rid]
+            room = L - len(h)
+            for _ in range(min(room, int(self.rng.integers(0, 6)))):
+                h.append(h[int(self.rng.integers(0, len(h)))])  # copies: n-grams repeat
+            self.tok[r, : len(h)] = h
+            self.num[r] = len(h)
+
+
+def _step(batch, ours, theirs, k):
+    B = len(batch.rows)
+    sampled = [[] if batch.rng.random() < 0.1 else [1] for _ in range(B)]
+    got = ours.propose(sampled, batch.num, batch.tok, slot_mappings=None)
+    want = theirs.propose(k, sampled, batch.num, batch.tok, slot_mappings=None)
+    assert got == want
+
+
+@pytest.mark.parametrize("config", [(1, 3, 4), (2, 5, 3)], ids=["min1-max3-k4", "min2-max5-k3"])
+@settings(max_examples=25)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_index_drafts_like_vllm_under_random_schedules(config, seed):
+    rng = np.random.default_rng(seed)
+    ours = NgramProposer(stand_in_config(*config, L, custom_class=True))  # a fresh index
+    theirs = proposers(*config, L)[1]
+    batch = Batch(rng)
+    for _ in range(3):
+        batch.admit()
+    for _ in range(30):
+        op = rng.choice(["admit", "finish", "preempt", "resume", "swap", "grow", "grow"])
+        if op == "admit":
+            batch.admit()
+        elif op in ("finish", "preempt") and batch.rows:
+            batch.remove(int(rng.integers(0, len(batch.rows))), preempt=op == "preempt")
+        elif op == "resume" and batch.preempted:
+            batch.admit(batch.preempted.pop(int(rng.integers(0, len(batch.preempted)))))
+        elif op == "swap" and len(batch.rows) > 1:
+            i, j = rng.choice(len(batch.rows), 2, replace=False)
+            batch.swap(int(i), int(j))
+        else:
+            batch.grow()
+        if batch.rows:
+            _step(batch, ours, theirs, config[2])
+
+
+def _corpus_proposer(**extra):
+    section = {"prompt_lookup_min": 2, "prompt_lookup_max": 3, "corpus_tokens": 4096, **extra}
+    return NgramProposer(stand_in_config(2, 3, 4, L, custom_class=True, extra=section))
+
+
+def _propose(ours, batch):
+    return ours.propose([[1]] * len(batch.rows), batch.num, batch.tok, slot_mappings=None)
+
+
+@pytest.mark.parametrize("documents", ["finished", "departed"])
+def test_corpus_takes_finished_requests_and_never_preempted_ones(documents):
+    EOS = 7
+    ours = _corpus_proposer(stop_token_ids=[EOS], corpus_documents=documents)
+    batch = Batch(np.random.default_rng(0))
+    batch.hist = {0: [10, 11, 12, 13, 14, 15, 16, EOS], 1: [20, 21, 22, 23, 24, 25], 2: [1, 2]}
+    batch.next_id = 3
+    for rid in (0, 1, 2):
+        batch.admit(rid)
+    _propose(ours, batch)
+    batch.remove(batch.rows.index(0), preempt=False)  # finished: it ends with EOS
+    batch.remove(batch.rows.index(1), preempt=True)  # preempted (request 2 moved into a hole)
+    _propose(ours, batch)  # the proposer sees them gone
+    # a new request whose suffix occurs only in those histories
+    batch.hist[3] = [9, 12, 13]
+    batch.hist[4] = [9, 22, 23]
+    batch.admit(3)
+    batch.admit(4)
+    drafts = _propose(ours, batch)
+    assert drafts[1] == [14, 15, 16, EOS]  # from the finished request
+    # the preempted request (no stop token at its end) joins only with "departed"
+    assert drafts[2] == ([24, 25] if documents == "departed" else [])
+
+
+def test_corpus_and_index_options_are_checked():
+    with pytest.raises(ValueError, match="corpus_tokens needs the own-history index"):
+        _corpus_proposer(index=False)
+    with pytest.raises(ValueError, match="corpus_documents must be one of"):
+        _corpus_proposer(corpus_documents="all")
+    with pytest.raises(ValueError, match="stop_token_ids must be a list"):
+        _corpus_proposer(stop_token_ids=[-1])
+    with pytest.raises(ValueError, match="over max_index_bytes"):
+        _corpus_proposer(max_index_bytes=1024)
+    off = _corpus_proposer(corpus_tokens=0, index=False)
+    assert off.settings.index is False and off.settings.corpus_tokens == 0

@@ -1,0 +1,134 @@
+"""The numba CPU path as a process sees it: two threads at once, a forked worker, one thread
+per call, the on-disk cache, and its Philox against the torch one bit for bit."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from specdec_kernels.cpu import philox as torch_philox
+from specdec_kernels.cpu import sampling
+from specdec_kernels.ops import ngram_propose, rejection_sample
+
+
+def _work(seed: int):
+    """A sampled verification and an n-gram proposal on inputs made from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    B, k, V = 4, 3, 700
+    logits = torch.randn(B * (k + 1), V, generator=g) * 3
+    drafts = torch.randint(0, V, (B * k,), generator=g, dtype=torch.int32)
+    cu = torch.arange(0, B * k + 1, k, dtype=torch.int32)
+    rs = rejection_sample(
+        logits, drafts, cu, num_speculative_tokens=k, temperature=torch.full((B,), 0.9),
+        seeds=torch.arange(B) + seed, offsets=torch.zeros(B, dtype=torch.int64),
+        return_logprobs=True,
+    )  # fmt: skip
+    tok = torch.randint(0, 5, (B, 300), generator=g, dtype=torch.int32)
+    prop = ngram_propose(
+        tok, torch.full((B,), 300, dtype=torch.int32), min_n=1, max_n=4, num_speculative_tokens=4
+    )
+    return [t.clone() for t in (*rs, *prop)]
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_two_threads_at_once_get_what_one_thread_gets():
+    want = {s: _work(s) for s in range(6)}
+    got: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def run(seeds):
+        try:
+            for _ in range(5):
+                for s in seeds:
+                    got[s] = _work(s)
+                    assert _same(got[s], want[s])
+        except BaseException as e:  # noqa: BLE001 (reported by the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(range(i, 6, 2),)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def _in_child(queue):
+    queue.put([t.numpy() for t in _work(3)])
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fork on Windows")
+def test_a_forked_worker_gets_what_the_parent_gets():
+    want = _work(3)  # the parent has compiled and run the kernels before forking
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_in_child, args=(queue,))
+    proc.start()
+    got = queue.get(timeout=120)
+    proc.join(timeout=120)
+    assert proc.exitcode == 0
+    assert _same([torch.from_numpy(a) for a in got], want)
+
+
+def test_every_cpu_kernel_is_serial_cached_and_releases_the_gil():
+    # no numba thread pool (parallel=False: one thread per call, nothing to break in a fork),
+    # compiled once per machine (cache=True), and callable from several threads (nogil)
+    import importlib
+    import pkgutil
+
+    from numba.core.registry import CPUDispatcher
+
+    import specdec_kernels.cpu as cpu
+
+    kernels = []
+    for info in pkgutil.iter_modules(cpu.__path__):
+        module = importlib.import_module(f"specdec_kernels.cpu.{info.name}")
+        kernels += [f for f in vars(module).values() if isinstance(f, CPUDispatcher)]
+    assert len(kernels) > 20
+    for f in kernels:
+        opts = f.targetoptions
+        assert not opts.get("parallel") and opts.get("nogil"), f
+        assert type(f._cache).__name__ != "NullCache", f  # cache=True
+
+
+def test_compiled_kernels_are_cached_on_disk(tmp_path):
+    # a fresh process with an empty cache compiles and writes it; a second one loads it
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    code = "import torch, specdec_kernels.ops as o; o.ngram_propose(torch.zeros((1, 4), dtype=torch.int32), torch.ones(1, dtype=torch.int32), min_n=1, max_n=2, num_speculative_tokens=2)"  # noqa: E501
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    cached = list(tmp_path.rglob("*.nbi"))
+    assert cached, "nothing was written to the numba cache"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+
+
+def test_numba_philox_is_the_torch_philox_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (500,), generator=g)
+    counters = torch.randint(0, 2**62, (500,), generator=g)
+    for stream in (0, 1):
+        want = torch_philox.philox_uniform(seeds, counters, stream).numpy()
+        pairs = zip(seeds.tolist(), counters.tolist(), strict=True)
+        got = np.array([sampling.philox_uniform(s, c, stream) for s, c in pairs], np.float32)
+        assert np.array_equal(got, want)
+
+
+def test_exp2_polynomial_is_float32_exp2_to_rounding():
+    z = -np.linspace(0, 126, 2_000_001, dtype=np.float32)[:-1]
+    out = np.zeros_like(z)
+    tmp = np.zeros(z.shape[0], dtype=np.int32)
+    sampling.exp2_neg(z, z.shape[0], out, 0, tmp)
+    want = np.exp2(z.astype(np.float64))
+    assert out[0] == 1.0  # exactly: the maximum's weight
+    assert np.max(np.abs(out - want) / want) < 2e-7
+    sampling.exp2_neg(np.array([-126.0, -200.0, np.nan], dtype=np.float32), 3, out, 0, tmp)
+    assert out[:3].tolist() == [0.0, 0.0, 0.0]  # subnormal or no weight
