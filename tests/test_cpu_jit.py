@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -111,6 +112,37 @@ def test_compiled_kernels_are_cached_on_disk(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
 
 
+def test_editing_a_helper_module_recompiles_the_kernels_that_inline_it(tmp_path):
+    # numba's cache checks only a kernel's own file; rejection's kernel inlines argmax from
+    # cpu/sampling.py, so the cache stamp carries a digest of every cpu/ source
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for name in ("specdec_kernels", "ops"):
+        shutil.copytree(root / name, tmp_path / name, ignore=shutil.ignore_patterns("*.nb*"))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(tmp_path))
+    code = (
+        "import torch, specdec_kernels.ops as o; "
+        "print(o.rejection_sample(torch.eye(3), torch.tensor([0, 1], dtype=torch.int32), "
+        "torch.tensor([0, 2], dtype=torch.int32), num_speculative_tokens=2)"
+        ".output_token_ids.tolist())"
+    )
+
+    def run():
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, timeout=300,
+            capture_output=True, text=True,
+        )  # fmt: skip
+        return done.stdout.strip()
+
+    assert run() == "[[0, 1, 2]]"
+    helper = tmp_path / "specdec_kernels" / "cpu" / "sampling.py"
+    text = helper.read_text()
+    assert "    return max(i, 0)\n" in text
+    helper.write_text(text.replace("    return max(i, 0)\n", "    return 0  # edited\n"))
+    assert run() == "[[0, 0, -1]]"  # argmax now says 0: recompiled, not the cached code
+
+
 def test_numba_philox_is_the_torch_philox_bit_for_bit():
     g = torch.Generator().manual_seed(0)
     seeds = torch.randint(-(2**63), 2**63 - 1, (500,), generator=g)
@@ -125,10 +157,45 @@ def test_numba_philox_is_the_torch_philox_bit_for_bit():
 def test_exp2_polynomial_is_float32_exp2_to_rounding():
     z = -np.linspace(0, 126, 2_000_001, dtype=np.float32)[:-1]
     out = np.zeros_like(z)
-    tmp = np.zeros(z.shape[0], dtype=np.int32)
-    sampling.exp2_neg(z, z.shape[0], out, 0, tmp)
+    sampling.exp2_scaled(z, np.float32(0), np.float32(1), out)
     want = np.exp2(z.astype(np.float64))
     assert out[0] == 1.0  # exactly: the maximum's weight
     assert np.max(np.abs(out - want) / want) < 2e-7
-    sampling.exp2_neg(np.array([-126.0, -200.0, np.nan], dtype=np.float32), 3, out, 0, tmp)
+    z = np.array([-126.0, -200.0, np.nan], dtype=np.float32)
+    sampling.exp2_scaled(z, np.float32(0), np.float32(1), out[:3])
     assert out[:3].tolist() == [0.0, 0.0, 0.0]  # subnormal or no weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bit_key_maximum_and_first_maximal_id_are_torch_with_nan_as_neg_inf(dtype):
+    # row_max and argmax work on the raw bits: NaN of either sign, -0 beside +0, infinities,
+    # maxima in a later block, all against torch on the NaN-cleared row.
+    g = torch.Generator().manual_seed(5)
+    V = 2 * sampling.BLOCK + 300
+    specials = torch.tensor([float("nan"), -float("nan"), 0.0, -0.0, float("inf"), -float("inf")])
+    rows = []
+    for r in range(60):
+        row = torch.randn(V, generator=g) * 4 - (30 if r % 3 else 0)
+        hits = torch.randint(0, V, (int(torch.randint(0, 40, (1,), generator=g)),), generator=g)
+        row[hits] = specials[torch.randint(0, 6, hits.shape, generator=g)]
+        if r % 5 == 0:
+            row = torch.where(row > 0, torch.zeros(()), row)  # maxima -0 and +0 mixed
+            row[torch.randint(0, V, (9,), generator=g)] = -0.0
+        rows.append(row)
+    rows += [torch.full((V,), float("nan")), torch.full((V,), -float("inf"))]
+    rows = torch.stack(rows).to(dtype)
+    f32, u16 = _rows(rows)
+    buf = np.zeros(sampling.BLOCK, dtype=np.float32)
+    clean = rows.float().masked_fill(rows.isnan(), -float("inf"))
+    want_max = clean.max(dim=1).values
+    first = (clean == want_max[:, None]).int().argmax(dim=1)  # the first maximal id
+    for g_ in range(rows.shape[0]):
+        m = sampling.row_max(f32, u16, dtype == torch.bfloat16, g_, V, buf)
+        assert m == want_max[g_].item(), g_
+        assert sampling.argmax(f32, u16, dtype == torch.bfloat16, g_, V, buf) == first[g_], g_
+
+
+def _rows(rows: torch.Tensor):
+    from specdec_kernels.cpu._jit import float_rows
+
+    return float_rows(rows)

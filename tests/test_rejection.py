@@ -599,11 +599,11 @@ def _cpu_inverse_cdf(mass, u, blocks=None):
     for i, row in enumerate(mass.numpy()):
         V = row.shape[0]
         nb = (V + cpu_sampling.BLOCK - 1) // cpu_sampling.BLOCK
-        own = np.zeros(nb, dtype=np.float32)
+        own = np.zeros(nb, dtype=np.float64)
         total = cpu_sampling.block_sums(row, V, own)
         if blocks is not None:
-            own, total = blocks[i].numpy(), float(blocks[i].sum())
-        toks.append(cpu_sampling.inverse_cdf(row, V, own, np.float32(total), np.float32(u[i])))
+            own, total = blocks[i].double().numpy(), float(blocks[i].sum())
+        toks.append(cpu_sampling.inverse_cdf(row, V, own, total, np.float32(u[i])))
         totals.append(float(total))
     return torch.tensor(toks), torch.tensor(totals)
 
@@ -984,9 +984,8 @@ def _cpu_weights(row: torch.Tensor, T: float) -> torch.Tensor:
     buf = np.zeros(cpu_sampling.BLOCK, dtype=np.float32)
     m = cpu_sampling.row_max(f32, none, False, 0, V, buf)
     w = np.zeros(V, dtype=np.float32)
-    blocks = np.zeros((V + cpu_sampling.BLOCK - 1) // cpu_sampling.BLOCK, dtype=np.float32)
-    tmp = np.zeros(cpu_sampling.BLOCK, dtype=np.int32)
-    cpu_sampling.weights(f32, none, False, 0, V, m, np.float32(T), w, blocks, buf, tmp)
+    blocks = np.zeros((V + cpu_sampling.BLOCK - 1) // cpu_sampling.BLOCK, dtype=np.float64)
+    cpu_sampling.weights(f32, none, False, 0, V, m, np.float32(T), w, blocks, buf)
     return torch.from_numpy(w)
 
 

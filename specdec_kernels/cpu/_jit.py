@@ -22,14 +22,62 @@ numba has no float16 or bfloat16 on the CPU: kernels read bfloat16 as its 16-bit
 
 from __future__ import annotations
 
+import hashlib
+import pathlib
 import threading
 
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
-jit = numba.njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
-"""The decorator of every CPU kernel."""
+_SOURCES = hashlib.sha256(
+    b"".join(p.read_bytes() for p in sorted(pathlib.Path(__file__).parent.glob("*.py")))
+).hexdigest()
+"""A digest of every ``cpu/`` source: part of each kernel's cache stamp (below)."""
+
+
+def jit_with(*fastmath: str):
+    """The decorator of CPU kernels, with LLVM's fast-math ``fastmath`` flags (``"reassoc"``
+    lets a float sum vectorise, ``"contract"`` fuses multiply-adds); each use says why."""
+    njit = numba.njit(
+        cache=True, nogil=True, boundscheck=False, error_model="numpy", fastmath=set(fastmath)
+    )
+    return lambda f: _stamped(njit(f))
+
+
+def _stamped(kernel):
+    """``kernel`` with ``_SOURCES`` in its cache stamp. numba's on-disk cache is valid while
+    the kernel's own file is unchanged, but a kernel inlines helpers from other ``cpu/``
+    modules: without the digest, editing only a helper would leave callers' stale code in
+    the cache. (numba internals: where they differ, numba's own stamp stays.)"""
+    cache_file = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
+    if cache_file is not None and hasattr(cache_file, "_source_stamp"):
+        cache_file._source_stamp = (cache_file._source_stamp, _SOURCES)
+    return kernel
+
+
+jit = jit_with()
+"""The decorator of every CPU kernel: strict IEEE float arithmetic."""
+
+
+@intrinsic
+def float_bits(typingctx, x):
+    """The int32 bit pattern of a float32 (an LLVM bitcast: in a register, so it vectorises)."""
+    if x != types.float32:
+        return None
+    return types.int32(types.float32), lambda ctx, b, sig, args: b.bitcast(args[0], ir.IntType(32))
+
+
+@intrinsic
+def bits_float(typingctx, x):
+    """The float32 of an int32 bit pattern (``float_bits``' inverse)."""
+    if x != types.int32:
+        return None
+    return types.float32(types.int32), lambda ctx, b, sig, args: b.bitcast(args[0], ir.FloatType())
+
 
 NONE_I32 = np.zeros(0, dtype=np.int32)
 NONE_I64 = np.zeros(0, dtype=np.int64)
@@ -59,13 +107,12 @@ def float_rows(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """``(f32, u16)`` views of fp32, bf16 or fp16 rows ``[n, V]``: exactly one is non-empty.
 
     bfloat16 goes as its bit pattern (the kernel widens it); float16 is widened to float32
-    by torch (numba has no float16 on the CPU).
+    by torch (numba has no float16 on the CPU); strided rows are made contiguous.
     """
+    t = t.detach().contiguous()  # the kernels read rows as flat bits
     if t.dtype == torch.bfloat16:
-        return NONE_F32_2D, t.detach().view(torch.int16).numpy().view(np.uint16)
-    if t.dtype != torch.float32:
-        t = t.float()
-    return t.detach().numpy(), NONE_U16_2D
+        return NONE_F32_2D, t.view(torch.int16).numpy().view(np.uint16)
+    return t.float().numpy(), NONE_U16_2D
 
 
 _SCRATCH = threading.local()

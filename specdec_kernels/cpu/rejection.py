@@ -21,6 +21,7 @@ from specdec_kernels.cpu._jit import (
     NONE_F32_2D,
     NONE_I32,
     NONE_I64,
+    bits_float,
     float_rows,
     jit,
     np_,
@@ -30,9 +31,10 @@ from specdec_kernels.cpu._jit import (
 from specdec_kernels.cpu.sampling import (
     BLOCK,
     argmax,
+    block,
     block_sums,
     inverse_cdf,
-    load,
+    lane_sum,
     philox_uniform,
     raw_log_normaliser,
     row_max,
@@ -53,21 +55,14 @@ def require_seeds_and_offsets(temperature, seeds, offsets) -> None:
 
 @jit
 def _value(f32, u16, bf16, g, i):
+    """Entry ``[g, i]`` of fp32 rows or (widened exactly) of bfloat16 rows."""
     if bf16:
-        return _bf16(u16[g, i])
+        return bits_float(np.int32(np.uint32(u16[g, i]) << 16))  # wraps to the sign bit
     return f32[g, i]
 
 
 @jit
-def _bf16(bits):
-    """One bfloat16 bit pattern widened to float32 (exactly)."""
-    a = np.zeros(1, dtype=np.uint32)
-    a[0] = np.uint32(bits) << 16
-    return a.view(np.float32)[0]
-
-
-@jit
-def _log_prob(f32, u16, bf16, g, V, tok, buf, tmp, w):
+def _log_prob(f32, u16, bf16, g, V, tok, buf, w):
     """``log_softmax(row g)[tok]`` as ``(l_tok - m) - log S`` (exact for any finite logits);
     a row with ``+inf`` or only ``-inf`` maxima: ``log(1/n)`` at its ``n`` maximal ids."""
     m = row_max(f32, u16, bf16, g, V, buf)
@@ -75,24 +70,30 @@ def _log_prob(f32, u16, bf16, g, V, tok, buf, tmp, w):
     if l_tok != l_tok:
         l_tok = -np.inf
     if np.isfinite(m):
-        S = raw_log_normaliser(f32, u16, bf16, g, V, m, buf, tmp, w)
-        return np.float32((l_tok - m) - np.log(S))
+        S = raw_log_normaliser(f32, u16, bf16, g, V, m, buf, w)
+        return np.float32((l_tok - m) - np.log(S))  # S: float64
     n_max = 0
     for j0 in range(0, V, BLOCK):
-        n = min(BLOCK, V - j0)
-        load(f32, u16, bf16, g, j0, n, buf)
-        for i in range(n):
-            v = buf[i] if buf[i] == buf[i] else -np.inf
+        src = block(f32, u16, bf16, g, j0, min(BLOCK, V - j0), buf)
+        for i in range(src.shape[0]):
+            v = src[i] if src[i] == src[i] else -np.inf
             if v == m:
                 n_max += 1
     return np.float32((0.0 if l_tok == m else -np.inf) - np.log(np.float32(n_max)))
 
 
 @jit
+def _sample(w, V, blocks, S, u, f32, u16, bf16, g, buf):
+    """The row's inverse-CDF sample at ``u`` (its argmax if no weight is left)."""
+    y = inverse_cdf(w, V, blocks, S, u)
+    return y if y >= 0 else argmax(f32, u16, bf16, g, V, buf)
+
+
+@jit
 def _reject(
     l32, l16, l_bf16, drafts, cu, q32, q16, q_bf16, has_probs, temp, has_temp, top_k,
     has_top_k, top_p, has_top_p, min_p, has_min_p, seeds, offsets, lp_on, out, num_emitted,
-    logprobs, w, blocks, buf, tmp,
+    logprobs, w, blocks, buf,
 ):  # fmt: skip
     B, K1 = out.shape
     V = max(l32.shape[1], l16.shape[1])
@@ -118,7 +119,7 @@ def _reject(
                 acc = valid and tok == x
             else:
                 m = row_max(l32, l16, l_bf16, g, V, buf)
-                S = weights(l32, l16, l_bf16, g, V, m, T, w, blocks, buf, tmp)
+                S = weights(l32, l16, l_bf16, g, V, m, T, w, blocks, buf)
                 k_ = top_k[b] if has_top_k else 0
                 p_ = top_p[b] if has_top_p else np.float32(1.0)
                 mp = min_p[b] if has_min_p else np.float32(0.0)
@@ -128,32 +129,35 @@ def _reject(
                         if w[i] < t:
                             w[i] = 0.0
                     S = block_sums(w, V, blocks)
+                S32 = np.float32(S)  # p = w / S in float32, as the kernel computes it
                 u1 = philox_uniform(seeds[b], offsets[b] + j, 1)
-                y = inverse_cdf(w, V, blocks, S, u1)
-                if y < 0:
-                    y = argmax(l32, l16, l_bf16, g, V, buf)
-                tok = y
-                if not has_probs or j == kb:  # coupled: the draft is kept iff it is y
-                    acc = valid and y == x
-                elif valid:  # speculative sampling: u < p(x) / q(x)
+                coupled = not has_probs or j == kb
+                if coupled or not valid:  # the draft is kept iff it is the row's sample
+                    tok = _sample(w, V, blocks, S, u1, l32, l16, l_bf16, g, buf)
+                    acc = coupled and valid and tok == x
+                else:  # speculative sampling: u < p(x) / q(x)
                     qx = _value(q32, q16, q_bf16, f, x)
                     u0 = philox_uniform(seeds[b], offsets[b] + j, 0)
-                    if qx > 0 and u0 < (w[x] / S) / qx:
+                    if qx > 0 and u0 < (w[x] / S32) / qx:
                         tok, acc = x, True
-                    else:  # normalize(max(p - q, 0)), unless it has no mass
+                    else:  # normalize(max(p - q, 0)), unless it has no mass: then p's sample
+                        tok = _sample(w, V, blocks, S, u1, l32, l16, l_bf16, g, buf)
+                        R = np.float64(0.0)
                         for j0 in range(0, V, BLOCK):
                             n = min(BLOCK, V - j0)
-                            load(q32, q16, q_bf16, f, j0, n, buf)
+                            q = block(q32, q16, q_bf16, f, j0, n, buf)
+                            p = w[j0 : j0 + n]
                             for i in range(n):
-                                w[j0 + i] = max(w[j0 + i] / S - buf[i], np.float32(0.0))
-                        R = block_sums(w, V, blocks)
+                                p[i] = max(p[i] / S32 - q[i], np.float32(0.0))
+                            blocks[j0 // BLOCK] = lane_sum(p)
+                            R += blocks[j0 // BLOCK]
                         if R > 0:
                             r_tok = inverse_cdf(w, V, blocks, R, u1)
                             if r_tok >= 0:
                                 tok = r_tok
             out[b, j] = tok
             if lp_on:
-                logprobs[b, j] = _log_prob(l32, l16, l_bf16, g, V, tok, buf, tmp, w)
+                logprobs[b, j] = _log_prob(l32, l16, l_bf16, g, V, tok, buf, w)
             emitted += 1
             if not acc:
                 break
@@ -178,7 +182,7 @@ def rejection_sample(
     l32, l16 = float_rows(target_logits[: max(0, min(N + B, target_logits.shape[0]))])
     q32, q16 = float_rows(target_logits[:0] if draft_probs is None else draft_probs[:N])
     nb = (V + BLOCK - 1) // BLOCK
-    work = scratch(V + nb + 2 * BLOCK)
+    work = scratch(V + BLOCK)
     _reject(
         l32, l16, target_logits.dtype == torch.bfloat16,
         np_(draft_token_ids) if draft_token_ids.numel() else NONE_I32, np_(cu_num_draft_tokens),
@@ -188,6 +192,6 @@ def rejection_sample(
         opt(min_p, NONE_F32), min_p is not None, opt(seeds, NONE_I64), opt(offsets, NONE_I64),
         return_logprobs, out.numpy(), num_emitted.numpy(),
         logprobs.numpy() if return_logprobs else NONE_F32_2D, work[:V],
-        work[V : V + nb], work[V + nb : V + nb + BLOCK], work[V + nb + BLOCK :].view(np.int32),
+        np.empty(nb, dtype=np.float64), work[V : V + BLOCK],
     )  # fmt: skip
     return out, num_emitted, logprobs

@@ -1,31 +1,41 @@
 """The CPU path's building blocks of sampled verification, as numba functions on one row.
 
-A row streams through ``BLOCK``-entry float32 buffers (bfloat16 widened on the way), so
-every loop below runs over contiguous memory that fits the L1 cache and vectorises:
+A row is read in ``BLOCK``-entry pieces: float32 rows as views, bfloat16 rows widened into
+a float32 buffer. Every hot loop below indexes its pieces from 0 (an offset index makes
+numba guard it against negative values, and the guard stops LLVM vectorising), reads and
+writes distinct arrays, and calls no libm:
 
-- the row maximum is an integer ``max`` over order-preserving bit keys (a float maximum
-  with NaN read as ``-inf`` does not vectorise; an integer one does);
+- the row maximum is an integer ``max`` over order-preserving bit keys of the raw row
+  (float32 or bfloat16 bits: no widening); a positive NaN has a key above ``+inf``'s, and
+  only then does a second, NaN-aware pass run (NaN read as ``-inf``);
+- the first maximal id compares bits (``-0`` and ``+0`` together), a block at a time;
 - the weights ``e = exp2((l - m) * scale)`` (``kernels/sampling.py`` has the formula and
   why) use a degree-6 polynomial for ``2**f`` on ``[0, 1)`` (relative error < 1e-7, the
   float32 rounding of ``exp2``; ``2**0`` is exactly 1, so the maximum has weight 1) and the
-  exponent added to the bits: no libm call, so the loop vectorises;
-- block sums of ``CDF_BLOCK`` weights, accumulated in eight lanes; the running sum of the
-  block sums picks the block of the inverse-CDF sample, a running sum inside it the id.
+  exponent added to the bits;
+- block sums of ``BLOCK`` weights in float64 (reordered freely, so they vectorise); the
+  running sum of the block sums picks the block of the inverse-CDF sample, a running sum
+  inside it the id (float64 throughout: in float32 the tail of a 150k vocabulary would
+  lose ~1e-5 of the mass to rounding).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from specdec_kernels.cpu._jit import jit
+from specdec_kernels.cpu._jit import bits_float, float_bits, jit, jit_with
 
 BLOCK = 1024
-"""Entries of a row handled per buffer (and ids per block of the inverse CDF)."""
+"""Entries of a row handled per piece (and ids per block of the inverse CDF)."""
 LOG2E = np.float32(1.4426950408889634)
 EXP2_MIN = np.float32(-126.0)
 """Weights ``exp2(z)`` with ``z <= EXP2_MIN`` (they would be subnormal) count as 0."""
 NEG_INF = np.float32(-np.inf)
-NEG_INF_KEY = np.int32(-2139095041)  # the order key of -inf: bits(-inf) ^ 0x7fffffff
+# order keys: bits ^ (sign ? 0x7fff... : 0), so that keys compare as the floats do
+NEG_INF_KEY = np.int32(-2139095041)  # float32 -inf: 0xff800000 ^ 0x7fffffff
+POS_INF_KEY = np.int32(0x7F800000)
+BF16_NEG_INF_KEY = np.int16(-32641)  # bfloat16 -inf: 0xff80 ^ 0x7fff
+BF16_POS_INF_KEY = np.int16(0x7F80)
 _T_FAST_MIN = np.float32(2.0**-90)
 _T_FAST_MAX = np.float32(1e36)
 # 2**f = 1 + f * (P1 + f * (P2 + ...)) on [0, 1)
@@ -38,120 +48,148 @@ P6 = np.float32(0.0002161292068194598)
 
 
 @jit
-def load(f32, u16, bf16, g, j0, n, buf):
-    """``buf[:n] = row g, columns j0 .. j0+n-1`` as float32 (bfloat16 bits widened)."""
+def block(f32, u16, bf16, g, j0, n, buf):
+    """Row ``g``'s columns ``j0 .. j0+n-1`` as float32: a view of the row, or its bfloat16
+    bits widened (exactly) into ``buf``."""
     if bf16:
-        bits = buf.view(np.uint32)
-        row = u16[g]
+        src = u16[g, j0 : j0 + n]
+        bits = buf[:n].view(np.uint32)
         for i in range(n):
-            bits[i] = np.uint32(row[j0 + i]) << 16
-    else:
-        row = f32[g]
-        for i in range(n):
-            buf[i] = row[j0 + i]
+            bits[i] = np.uint32(src[i]) << 16
+        return buf[:n]
+    return f32[g, j0 : j0 + n]
+
+
+@jit
+def _key_max(bits, best):
+    """The largest order key of the bit patterns ``bits`` (int32 or int16) and ``best``."""
+    shift = bits.itemsize * 8 - 1
+    low = (1 << shift) - 1
+    for i in range(bits.shape[0]):
+        b = bits[i]
+        best = max(best, b ^ ((b >> shift) & low))
+    return best
+
+
+@jit
+def _key_float(key, bf16):
+    """The float32 whose order key is ``key`` (a bfloat16 key: the bfloat16's value)."""
+    if bf16:
+        return bits_float(np.int32(((key ^ ((key >> 15) & 0x7FFF)) & 0xFFFF) << 16))
+    return bits_float(np.int32(key ^ ((key >> 31) & 0x7FFFFFFF)))
 
 
 @jit
 def row_max(f32, u16, bf16, g, V, buf):
     """The row's maximum, NaN read as ``-inf``."""
-    best = NEG_INF_KEY
-    ib = buf.view(np.int32)
+    if bf16:
+        key = _key_max(u16[g].view(np.int16), BF16_NEG_INF_KEY)
+        if key <= BF16_POS_INF_KEY:
+            return _key_float(key, True)
+    else:
+        key = _key_max(f32[g].view(np.int32), NEG_INF_KEY)
+        if key <= POS_INF_KEY:
+            return _key_float(key, False)
+    best = NEG_INF  # a positive NaN: the float pass
     for j0 in range(0, V, BLOCK):
-        n = min(BLOCK, V - j0)
-        load(f32, u16, bf16, g, j0, n, buf)
-        for i in range(n):
-            b = ib[i]
-            key = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))
-            key = key if buf[i] == buf[i] else NEG_INF_KEY
-            best = max(best, key)
-    ib[0] = best ^ ((best >> 31) & np.int32(0x7FFFFFFF))
-    return buf[0]
+        src = block(f32, u16, bf16, g, j0, min(BLOCK, V - j0), buf)
+        for i in range(src.shape[0]):
+            if src[i] > best:
+                best = src[i]
+    return best
+
+
+@jit
+def _first_bits(bits, mask, target):
+    """The first ``i`` with ``bits[i] & mask == target``, a block at a time; -1 if none."""
+    for j0 in range(0, bits.shape[0], BLOCK):
+        piece = bits[j0 : j0 + BLOCK]
+        hits = 0
+        for i in range(piece.shape[0]):
+            hits += (piece[i] & mask) == target
+        if hits:
+            for i in range(piece.shape[0]):
+                if (piece[i] & mask) == target:
+                    return j0 + i
+    return -1
 
 
 @jit
 def argmax(f32, u16, bf16, g, V, buf):
     """The first id of the row's maximum (NaN read as ``-inf``; ties: the lowest id)."""
     m = row_max(f32, u16, bf16, g, V, buf)
-    for j0 in range(0, V, BLOCK):
-        n = min(BLOCK, V - j0)
-        load(f32, u16, bf16, g, j0, n, buf)
-        for i in range(n):
-            if buf[i] == m or (m == NEG_INF and buf[i] != buf[i]):
-                return j0 + i
-    return 0
+    if m == NEG_INF:  # -inf and NaN alike
+        for j0 in range(0, V, BLOCK):
+            src = block(f32, u16, bf16, g, j0, min(BLOCK, V - j0), buf)
+            for i in range(src.shape[0]):
+                if not src[i] > NEG_INF:
+                    return j0 + i
+        return 0
+    m_bits = float_bits(m)
+    if bf16:  # equal floats are equal bits, but for -0 == +0
+        mask = 0x7FFF if m == 0 else -1
+        i = _first_bits(u16[g].view(np.int16), mask, np.int16(m_bits >> 16) & mask)
+    else:
+        mask = 0x7FFFFFFF if m == 0 else -1
+        i = _first_bits(f32[g].view(np.int32), mask, m_bits & mask)
+    return max(i, 0)
 
 
-@jit
-def exp2_neg(z, n, out, o, tmp):
-    """``out[o : o + n] = 2**z[:n]`` for ``z <= 0`` (0 where ``z <= EXP2_MIN`` or NaN);
-    ``tmp``: int32 scratch. Arrays whole (contiguous), offsets explicit: a bit view needs it."""
-    bits = out.view(np.int32)
-    for i in range(n):
-        x = max(z[i], EXP2_MIN)  # NaN: EXP2_MIN (zeroed below)
+@jit_with("contract")  # the polynomial as fused multiply-adds: faster and (if anything) closer
+def exp2_scaled(src, m, scale, out):
+    """``out[i] = 2**z`` with ``z = (src[i] - m) * scale <= 0``: 0 where ``z <= EXP2_MIN``
+    or NaN. ``out`` and ``src``: distinct arrays of one length."""
+    m, scale = np.float32(m), np.float32(scale)  # float32 arithmetic whatever the caller's
+    for i in range(src.shape[0]):
+        z = (src[i] - m) * scale
+        x = max(z, EXP2_MIN)  # NaN: EXP2_MIN (dropped below)
         e = np.floor(x)
         f = x - e
-        out[o + i] = np.float32(1.0) + f * (P1 + f * (P2 + f * (P3 + f * (P4 + f * (P5 + f * P6)))))
-        tmp[i] = np.int32(e) << 23
-    for i in range(n):
-        bits[o + i] = bits[o + i] + tmp[i]
-    for i in range(n):
-        if not z[i] > EXP2_MIN:
-            out[o + i] = 0.0
+        p = np.float32(1.0) + f * (P1 + f * (P2 + f * (P3 + f * (P4 + f * (P5 + f * P6)))))
+        e2 = bits_float(np.int32(float_bits(p) + (np.int32(e) << 23)))  # p * 2**e, exactly
+        out[i] = e2 if z > EXP2_MIN else np.float32(0.0)
 
 
 @jit
-def weights(f32, u16, bf16, g, V, m, T, w, blocks, buf, tmp):
-    """The row's weights into ``w[:V]`` and the sums of their ``BLOCK``-id blocks into
-    ``blocks``; returns the total. ``e = 1`` where ``l == m``, else ``exp2(z)`` with ``z =
-    (l/2 - m/2) * (2 * log2(e) / T)`` (``> EXP2_MIN``), NaN read as ``-inf``."""
+def weights(f32, u16, bf16, g, V, m, T, w, blocks, buf):
+    """The row's weights into ``w[:V]`` and the float64 sums of their ``BLOCK``-id blocks into
+    ``blocks``; returns the (float64) total. ``e = 1`` where ``l == m``, else ``exp2(z)`` with
+    ``z = (l/2 - m/2) * (2 * log2(e) / T)`` (``> EXP2_MIN``), NaN read as ``-inf``."""
     scale = LOG2E / np.float32(T)
     fast = np.isfinite(m) and T >= _T_FAST_MIN and T <= _T_FAST_MAX
-    total = np.float32(0.0)
+    total = np.float64(0.0)
     for j0 in range(0, V, BLOCK):
         n = min(BLOCK, V - j0)
-        load(f32, u16, bf16, g, j0, n, buf)
+        src = block(f32, u16, bf16, g, j0, n, buf)
+        out = w[j0 : j0 + n]
         if fast:  # (l - m) * scale is the halved formula bit for bit (docs/design.md)
-            for i in range(n):
-                buf[i] = (buf[i] - m) * scale
-            exp2_neg(buf, n, w, j0, tmp)
+            exp2_scaled(src, m, scale, out)
         else:
             for i in range(n):
-                l = buf[i] if buf[i] == buf[i] else NEG_INF
+                l = src[i] if src[i] == src[i] else NEG_INF
                 if l == m:
-                    w[j0 + i] = 1.0
+                    out[i] = 1.0
                 else:
                     z = (l * np.float32(0.5) - m * np.float32(0.5)) * (scale * np.float32(2.0))
-                    w[j0 + i] = np.exp2(z) if z > EXP2_MIN else np.float32(0.0)
-        blocks[j0 // BLOCK] = lane_sum(w[j0 : j0 + n])
+                    out[i] = np.exp2(z) if z > EXP2_MIN else np.float32(0.0)
+        blocks[j0 // BLOCK] = lane_sum(out)
         total += blocks[j0 // BLOCK]
     return total
 
 
-@jit
+@jit_with("reassoc")  # the sum may be reordered: it vectorises (5x faster than in order)
 def lane_sum(x):
-    """``sum(x)`` in float32: eight lanes (so the adds pipeline and vectorise), then the lanes
-    in order, then the tail."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
-    n8 = x.shape[0] // 8 * 8
-    for i in range(0, n8, 8):
-        a0 += x[i]
-        a1 += x[i + 1]
-        a2 += x[i + 2]
-        a3 += x[i + 3]
-        a4 += x[i + 4]
-        a5 += x[i + 5]
-        a6 += x[i + 6]
-        a7 += x[i + 7]
-    s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
-    for i in range(n8, x.shape[0]):
-        s += x[i]
+    """``sum(x)`` of float32 values, in float64."""
+    s = np.float64(0.0)
+    for i in range(x.shape[0]):
+        s += np.float64(x[i])
     return s
 
 
 @jit
 def block_sums(w, V, blocks):
-    """Re-sum ``w[:V]`` by blocks into ``blocks``; returns the total."""
-    total = np.float32(0.0)
+    """Re-sum ``w[:V]`` by blocks into ``blocks`` (float64); returns the total."""
+    total = np.float64(0.0)
     for j0 in range(0, V, BLOCK):
         blocks[j0 // BLOCK] = lane_sum(w[j0 : min(j0 + BLOCK, V)])
         total += blocks[j0 // BLOCK]
@@ -163,9 +201,9 @@ def inverse_cdf(w, V, blocks, total, u):
     """The first id whose running mass exceeds ``u * total`` (and whose own mass is > 0);
     if rounding leaves none in the block the running block sums pick, its last id with mass;
     -1 for a row without mass."""
-    thr = np.float32(u) * total
+    thr = np.float64(u) * total  # float64 sums: the tail of a large vocabulary is exact
     nb = (V + BLOCK - 1) // BLOCK
-    carry = np.float32(0.0)
+    carry = np.float64(0.0)
     bi = nb - 1
     for i in range(nb):
         if carry + blocks[i] > thr:
@@ -217,17 +255,15 @@ def threshold(w, V, top_k, top_p, min_p):
 
 
 @jit
-def raw_log_normaliser(f32, u16, bf16, g, V, m, buf, tmp, w):
+def raw_log_normaliser(f32, u16, bf16, g, V, m, buf, w):
     """``sum exp2((l - m) * log2(e))`` of the raw row (``m`` finite): the log-softmax's
-    normaliser is its log."""
-    S = np.float32(0.0)
+    normaliser is its log. ``w``: ``BLOCK`` entries of scratch."""
+    S = np.float64(0.0)
     for j0 in range(0, V, BLOCK):
         n = min(BLOCK, V - j0)
-        load(f32, u16, bf16, g, j0, n, buf)
-        for i in range(n):
-            buf[i] = (buf[i] - m) * LOG2E
-        exp2_neg(buf, n, w, 0, tmp)
-        S += lane_sum(w[:n])
+        out = w[:n]
+        exp2_scaled(block(f32, u16, bf16, g, j0, n, buf), m, LOG2E, out)
+        S += lane_sum(out)
     return S
 
 
