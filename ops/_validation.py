@@ -13,6 +13,11 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec_kernels.cpu import checks as _cpu_checks
+
+_ONE_PASS_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
+"""The dtypes of CPU tensors checked in one numba pass (``cpu/checks.py``)."""
+
 
 def check_tensor(
     name: str,
@@ -197,7 +202,17 @@ def check_value_range(
     """
     if values.numel() == 0:
         return
-    if values.is_floating_point():
+    if values.device.type == "cpu" and values.dim() == 1 and values.dtype in _ONE_PASS_DTYPES:
+        vmin, vmax, has_nan = _cpu_checks.value_range(values.detach().numpy())
+        if not has_nan and (vmin > lo if lo_open else vmin >= lo) and vmax <= hi:
+            return
+        if has_nan:
+            shown = "a NaN"
+        elif values.is_floating_point():
+            shown = f"values in [{float(vmin):.6g}, {float(vmax):.6g}]"
+        else:
+            shown = f"values in [{int(vmin)}, {int(vmax)}]"
+    elif values.is_floating_point():
         too_low = values <= lo if lo_open else values < lo
         if not bool((too_low | (values > hi) | torch.isnan(values)).any()):
             return
@@ -205,12 +220,12 @@ def check_value_range(
             shown = "a NaN"
         else:
             shown = f"values in [{float(values.min()):.6g}, {float(values.max()):.6g}]"
-        lo_s, hi_s = f"{lo:.6g}", f"{hi:.6g}"
     else:
         vmin, vmax = int(values.min()), int(values.max())
         if (vmin > lo if lo_open else vmin >= lo) and vmax <= hi:
             return
-        shown, lo_s, hi_s = f"values in [{vmin}, {vmax}]", str(lo), str(hi)
+        shown = f"values in [{vmin}, {vmax}]"
+    lo_s, hi_s = (f"{lo:.6g}", f"{hi:.6g}") if values.is_floating_point() else (str(lo), str(hi))
     extra = f" ({what})" if what else ""
     raise ValueError(
         f"{name} must lie in {'(' if lo_open else '['}{lo_s}, {hi_s}]{extra}, got {shown}"

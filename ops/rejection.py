@@ -291,10 +291,9 @@ def rejection_sample(
 
     params = [temperature, top_k, top_p, min_p]
     if should_check_values([target_logits, draft_token_ids, cu, *params], validate):
-        if int(cu[0]) != 0:
-            raise ValueError(
-                f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}: " + _INCLUSIVE_HINT
-            )
+        first, N = int(cu[0]), int(cu[-1])
+        if first != 0:
+            raise ValueError(f"cu_num_draft_tokens[0] must be 0, got {first}: " + _INCLUSIVE_HINT)
         check_value_range(
             "cu_num_draft_tokens[b+1] - cu_num_draft_tokens[b]",
             cu[1:] - cu[:-1],
@@ -302,14 +301,13 @@ def rejection_sample(
             k,
             f"the draft counts: cu non-decreasing, each <= num_speculative_tokens = {k}",
         )
-        if int(cu[-1]) > n_flat:
+        if N > n_flat:
             raise ValueError(
-                f"cu_num_draft_tokens[B] must be <= len(draft_token_ids) = {n_flat}, "
-                f"got {int(cu[-1])}"
+                f"cu_num_draft_tokens[B] must be <= len(draft_token_ids) = {n_flat}, got {N}"
             )
-        if draft_probs is not None and int(cu[-1]) > draft_probs.shape[0]:
+        if draft_probs is not None and N > draft_probs.shape[0]:
             raise ValueError(
-                f"draft_probs must have at least N = cu_num_draft_tokens[B] = {int(cu[-1])} "
+                f"draft_probs must have at least N = cu_num_draft_tokens[B] = {N} "
                 f"rows (one per draft), got {draft_probs.shape[0]}"
             )
         if temperature is not None:

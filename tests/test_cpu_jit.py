@@ -198,4 +198,4 @@ def test_bit_key_maximum_and_first_maximal_id_are_torch_with_nan_as_neg_inf(dtyp
 def _rows(rows: torch.Tensor):
     from specdec_kernels.cpu._jit import float_rows
 
-    return float_rows(rows)
+    return float_rows(rows, rows.shape[0])

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 _SOURCES = hashlib.sha256(
     b"".join(p.read_bytes() for p in sorted(pathlib.Path(__file__).parent.glob("*.py")))
@@ -79,6 +79,19 @@ def bits_float(typingctx, x):
     return types.float32(types.int32), lambda ctx, b, sig, args: b.bitcast(args[0], ir.FloatType())
 
 
+def as_float32(v):
+    """A float32 value, or a bfloat16 bit pattern (uint16) widened to float32 exactly; in a
+    kernel (``overload`` picks the conversion by type at compile time)."""
+    raise NotImplementedError("as_float32 runs inside numba kernels only")
+
+
+@overload(as_float32)
+def _as_float32(v):
+    if v == types.uint16:
+        return lambda v: bits_float(np.int32(np.uint32(v) << 16))  # wraps to the sign bit
+    return lambda v: np.float32(v)
+
+
 NONE_I32 = np.zeros(0, dtype=np.int32)
 NONE_I64 = np.zeros(0, dtype=np.int64)
 NONE_F32 = np.zeros(0, dtype=np.float32)
@@ -103,16 +116,23 @@ def opt(t: torch.Tensor | None, none: np.ndarray) -> np.ndarray:
     return none if t is None else t.detach().numpy()
 
 
-def float_rows(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """``(f32, u16)`` views of fp32, bf16 or fp16 rows ``[n, V]``: exactly one is non-empty.
+def float_rows(t: torch.Tensor, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(f32, u16)`` views of the first ``n`` rows of fp32, bf16 or fp16 rows ``[., V]``
+    (``n`` clamped to ``[0, rows]``): exactly one is non-empty, unless ``t`` is ``None``.
 
     bfloat16 goes as its bit pattern (the kernel widens it); float16 is widened to float32
-    by torch (numba has no float16 on the CPU); strided rows are made contiguous.
+    by torch (numba has no float16 on the CPU); strided rows are made contiguous. Rows are
+    cut in numpy where no copy is needed (a torch slice costs more than a numpy one).
     """
-    t = t.detach().contiguous()  # the kernels read rows as flat bits
+    if t is None:
+        return NONE_F32_2D, NONE_U16_2D
+    n = max(0, min(n, t.shape[0]))
+    t = t.detach()
+    if t.dtype == torch.float16 or not t.is_contiguous():
+        t = t[:n].contiguous()
     if t.dtype == torch.bfloat16:
-        return NONE_F32_2D, t.view(torch.int16).numpy().view(np.uint16)
-    return t.float().numpy(), NONE_U16_2D
+        return NONE_F32_2D, t.view(torch.int16).numpy().view(np.uint16)[:n]
+    return t.float().numpy()[:n], NONE_U16_2D
 
 
 _SCRATCH = threading.local()

@@ -178,14 +178,15 @@ def rejection_sample(
     logprobs = torch.empty((B, K1) if return_logprobs else (0,), dtype=torch.float32)
     if B == 0:
         return out, num_emitted, logprobs
-    N = int(cu_num_draft_tokens[-1])  # the live rows are the first N + B
-    l32, l16 = float_rows(target_logits[: max(0, min(N + B, target_logits.shape[0]))])
-    q32, q16 = float_rows(target_logits[:0] if draft_probs is None else draft_probs[:N])
+    cu = np_(cu_num_draft_tokens)
+    N = int(cu[-1])  # the live rows are the first N + B (numpy views: no torch op per slice)
+    l32, l16 = float_rows(target_logits, N + B)
+    q32, q16 = float_rows(draft_probs, N)
     nb = (V + BLOCK - 1) // BLOCK
     work = scratch(V + BLOCK)
     _reject(
         l32, l16, target_logits.dtype == torch.bfloat16,
-        np_(draft_token_ids) if draft_token_ids.numel() else NONE_I32, np_(cu_num_draft_tokens),
+        np_(draft_token_ids) if draft_token_ids.numel() else NONE_I32, cu,
         q32, q16, draft_probs is not None and draft_probs.dtype == torch.bfloat16,
         draft_probs is not None, opt(temperature, NONE_F32), temperature is not None,
         opt(top_k, NONE_I32), top_k is not None, opt(top_p, NONE_F32), top_p is not None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_kernels.cpu._jit import bits_float, float_bits, jit, jit_with
+from specdec_kernels.cpu._jit import as_float32, bits_float, float_bits, jit, jit_with
 
 BLOCK = 1024
 """Entries of a row handled per piece (and ids per block of the inverse CDF)."""
@@ -138,16 +138,26 @@ def argmax(f32, u16, bf16, g, V, buf):
 @jit_with("contract")  # the polynomial as fused multiply-adds: faster and (if anything) closer
 def exp2_scaled(src, m, scale, out):
     """``out[i] = 2**z`` with ``z = (src[i] - m) * scale <= 0``: 0 where ``z <= EXP2_MIN``
-    or NaN. ``out`` and ``src``: distinct arrays of one length."""
+    or NaN. ``src``: float32, or bfloat16 bits (widened here, in the same loop); ``out``: a
+    distinct float32 array of the same length."""
     m, scale = np.float32(m), np.float32(scale)  # float32 arithmetic whatever the caller's
     for i in range(src.shape[0]):
-        z = (src[i] - m) * scale
+        z = (as_float32(src[i]) - m) * scale
         x = max(z, EXP2_MIN)  # NaN: EXP2_MIN (dropped below)
         e = np.floor(x)
         f = x - e
         p = np.float32(1.0) + f * (P1 + f * (P2 + f * (P3 + f * (P4 + f * (P5 + f * P6)))))
         e2 = bits_float(np.int32(float_bits(p) + (np.int32(e) << 23)))  # p * 2**e, exactly
         out[i] = e2 if z > EXP2_MIN else np.float32(0.0)
+
+
+@jit
+def _exp2_row(f32, u16, bf16, g, j0, n, m, scale, out):
+    """``exp2_scaled`` of row ``g``'s columns ``j0 .. j0+n-1``, read in place."""
+    if bf16:
+        exp2_scaled(u16[g, j0 : j0 + n], m, scale, out)
+    else:
+        exp2_scaled(f32[g, j0 : j0 + n], m, scale, out)
 
 
 @jit
@@ -160,11 +170,11 @@ def weights(f32, u16, bf16, g, V, m, T, w, blocks, buf):
     total = np.float64(0.0)
     for j0 in range(0, V, BLOCK):
         n = min(BLOCK, V - j0)
-        src = block(f32, u16, bf16, g, j0, n, buf)
         out = w[j0 : j0 + n]
         if fast:  # (l - m) * scale is the halved formula bit for bit (docs/design.md)
-            exp2_scaled(src, m, scale, out)
+            _exp2_row(f32, u16, bf16, g, j0, n, m, scale, out)
         else:
+            src = block(f32, u16, bf16, g, j0, n, buf)
             for i in range(n):
                 l = src[i] if src[i] == src[i] else NEG_INF
                 if l == m:
@@ -262,7 +272,7 @@ def raw_log_normaliser(f32, u16, bf16, g, V, m, buf, w):
     for j0 in range(0, V, BLOCK):
         n = min(BLOCK, V - j0)
         out = w[:n]
-        exp2_scaled(block(f32, u16, bf16, g, j0, n, buf), m, LOG2E, out)
+        _exp2_row(f32, u16, bf16, g, j0, n, m, LOG2E, out)
         S += lane_sum(out)
     return S
 

@@ -1,0 +1,26 @@
+"""The value checks' one pass over a CPU tensor (``ops/_validation.py``): minimum, maximum
+and whether a NaN is present, in one numba call instead of a train of torch reductions."""
+
+from __future__ import annotations
+
+from specdec_kernels.cpu._jit import jit
+
+
+@jit
+def value_range(x):
+    """``(min, max, has_nan)`` of a non-empty 1-D array; NaN is left out of min and max
+    (an all-NaN array: its first entry, twice)."""
+    n = x.shape[0]
+    i0 = 0
+    while i0 < n and x[i0] != x[i0]:
+        i0 += 1
+    lo = hi = x[min(i0, n - 1)]
+    has_nan = i0 > 0
+    for i in range(i0, n):
+        v = x[i]
+        if v == v:
+            lo = min(lo, v)
+            hi = max(hi, v)
+        else:
+            has_nan = True
+    return lo, hi, has_nan
