@@ -40,6 +40,8 @@ CORPUS_TOKENS = (0, 1 << 20)
 K = 4
 DOC_TOKENS = 4096  # corpus documents (finished requests) of this many tokens
 SPECS = [{"B": B, "L": L, "k": K, "corpus": c} for L in HISTORIES for c in CORPUS_TOKENS]
+# added with the numba CPU path: the small batches of a host-side proposer or a CPU engine
+SPECS += [{"B": b, "L": L, "k": K, "corpus": 0} for b in (1, 8) for L in (1024, 32768)]
 QUICK_SPECS = [{"B": 4, "L": 256, "k": 4, "corpus": 0}, {"B": 4, "L": 256, "k": 4, "corpus": 8192}]
 BASELINES = ["numba", "full_scan"]
 MAX_ROUNDS = 100  # timed rounds per implementation and case (each op call grows L by k + 1)

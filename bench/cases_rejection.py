@@ -27,6 +27,10 @@ SPECS = [
     {"B": b, "V": v, "mode": m, "dtype": d}
     for m, d, v, b in itertools.product(MODES, DTYPES, VOCABS, BATCHES)
 ]
+# added with the numba CPU path: one request, where a fixed per-call cost shows most
+SPECS += [
+    {"B": 1, "V": v, "mode": m, "dtype": d} for m, d, v in itertools.product(MODES, DTYPES, VOCABS)
+]
 QUICK_SPECS = [{"B": 2, "V": 1000, "mode": m, "dtype": d} for m in MODES for d in ("fp32", "bf16")]
 BASELINES = ["torch", "softmax"]
 # Requests whose tokens may differ between two correct fp32 implementations fed the same

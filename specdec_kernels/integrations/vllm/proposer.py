@@ -99,6 +99,7 @@ class NgramProposer:
         if s.corpus_tokens:
             self._corpus = new_corpus(s.corpus_tokens, min_n=s.min_n, max_n=s.max_n)
         self._rows = RowTracker(R, W, keep_histories=self._corpus is not None)
+        self._batch_views: dict[int, NgramIndex] = {}
         self._shape = shape
 
     def propose(
@@ -155,10 +156,12 @@ class NgramProposer:
                 f"in [{lengths.min()}, {lengths.max()}]"
             )
         s = self.settings
-        caps = torch.tensor(
-            [s.num_speculative_tokens if len(ids) else 0 for ids in sampled_token_ids],
-            dtype=torch.int32,
-        )
+        caps = None  # every request drafts (the common step), else 0 for those that do not
+        if not all(len(ids) for ids in sampled_token_ids):
+            caps = torch.tensor(
+                [s.num_speculative_tokens if len(ids) else 0 for ids in sampled_token_ids],
+                dtype=torch.int32,
+            )
         kw = dict(min_n=s.min_n, max_n=s.max_n, num_speculative_tokens=s.num_speculative_tokens)
         kw.update(max_model_len=s.max_model_len, max_draft_tokens=caps, tie_break=s.tie_break)
         if not s.index:  # a rescan of every history
@@ -180,7 +183,10 @@ class NgramProposer:
             ngram_index_extend(token_ids, num_tokens, rows, index=index, validate=False)
         if self._corpus is not None and left:
             self._add_documents(left)
-        batch = NgramIndex(index.table[:B], index.length[:B], index.min_n, index.max_n)
+        batch = self._batch_views.get(B)
+        if batch is None:  # views of the first B rows, made once per batch size
+            batch = NgramIndex(index.table[:B], index.length[:B], index.min_n, index.max_n)
+            self._batch_views[B] = batch
         return ngram_propose(
             token_ids[:B], num_tokens[:B], **kw, index=batch, corpus=self._corpus, validate=False
         )
