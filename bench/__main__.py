@@ -144,7 +144,7 @@ def run(argv=None) -> Path:
         "median / the op's median (> 1: the library op is faster). GB/s = the bytes the op",
         "must move (each input read once, each output written once; see each section) /",
         "median. `op` is the public `specdec_kernels.ops` function on CPU tensors (the",
-        "vectorised torch CPU path, with its default value checks).",
+        "numba CPU path, with its default value checks).",
         "",
         f"Token histories: {data.stream_description()}.",
         "",

@@ -247,6 +247,15 @@ class TimingSummary:
     rounds: int
 
 
+def write_report(path, lines: list[str], *, echo: bool = True) -> None:
+    """Write a Markdown results file (making its folder); print it (``echo``) and its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    if echo:
+        print("\n".join(lines))
+    print(f"wrote {path}")
+
+
 def save_results(results: list[Result], path) -> None:
     """Write the per-result statistics (µs) as JSON, so tables and plots can be redone."""
     import json

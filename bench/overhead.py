@@ -46,13 +46,28 @@ def _stub_launches() -> None:
                 setattr(module, name, _NoLaunch())
 
 
-def _time(fn, rounds: int) -> float:
-    for _ in range(20):
-        fn()
+WARMUP = 20
+
+
+def _argument_sets(case, args: dict, n: int) -> list[dict]:
+    """``n`` argument sets for ``case``: the same inputs, but own copies of what the op
+    writes, so a stateful op (commit, index, corpus, statistics) meets the state one call
+    would meet, not one filled up by all the calls before it."""
+
+    def copy(v):
+        return [t.clone() for t in v] if isinstance(v, list) else v.clone()
+
+    return [{k: copy(v) if k in case.mutated else v for k, v in args.items()} for _ in range(n)]
+
+
+def _time(fn, sets: list[dict]) -> float:
+    """Mean seconds per call of ``fn`` over ``sets`` (after ``WARMUP`` untimed calls)."""
+    for a in sets[:WARMUP]:
+        fn(a)
     t0 = time.perf_counter()
-    for _ in range(rounds):
-        fn()
-    return (time.perf_counter() - t0) / rounds
+    for a in sets[WARMUP:]:
+        fn(a)
+    return (time.perf_counter() - t0) / (len(sets) - WARMUP)
 
 
 def main(argv=None) -> int:
@@ -108,17 +123,18 @@ def main(argv=None) -> int:
             use(kind)
             value_checks(kind == "cpu")
             for c in CASES:
-                a = inputs[c.name]
+                sets = _argument_sets(c, inputs[c.name], WARMUP + args.rounds)
                 if kind == "dispatch":
-                    fn = lambda c=c, a=a: getattr(torch.ops.specdec, c.op)(**a)  # noqa: E731
+                    fn = lambda a, c=c: getattr(torch.ops.specdec, c.op)(**a)  # noqa: E731
                 else:
-                    fn = lambda c=c, a=a: c.public(a)  # noqa: E731
-                rows[c.name][kind].append(_time(fn, args.rounds))
+                    fn = c.public
+                rows[c.name][kind].append(_time(fn, sets))
     use("cpu")
     value_checks(True)
     del lib  # (imported for the registrations only)
 
     from bench.__main__ import default_machine_name
+    from bench.harness import write_report
 
     date = datetime.date.today().isoformat()
     path = args.out / f"{date}-overhead-{default_machine_name(1)}.md"
@@ -130,7 +146,8 @@ def main(argv=None) -> int:
         "of the mean of a round. `cpu`: the public function on CPU tensors (value checks, "
         "dispatcher, numba kernel). `cuda host`: the public function without value checks "
         "(as for CUDA tensors), the dispatcher and the Triton launcher's Python with the "
-        "kernel launches stubbed. `dispatch`: `torch.ops.specdec.<op>` with a stub behind it.",
+        "kernel launches stubbed. `dispatch`: `torch.ops.specdec.<op>` with a stub behind it. "
+        "Ops that write state in place get a fresh copy of it for every call.",
         "",
         "| op / case | cpu (us) | cuda host (us) | dispatch (us) |",
         "|---|---:|---:|---:|",
@@ -140,10 +157,7 @@ def main(argv=None) -> int:
         lines.append(
             f"| {name} | {med['cpu']:.1f} | {med['cuda host']:.1f} | {med['dispatch']:.1f} |"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"wrote {path}")
+    write_report(path, lines)
     return 0
 
 

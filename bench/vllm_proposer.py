@@ -111,7 +111,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    from bench.harness import machine_info
+    from bench.harness import machine_info, write_report
 
     rows = []
     for L in map(int, args.histories.split(",")):
@@ -144,11 +144,9 @@ def main(argv=None) -> int:
             f"{r['speedup']:.2f}x | {r['ratios'][0]:.2f}-{r['ratios'][-1]:.2f}x | "
             f"{r['admission'] * 1e3:.1f} |"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    write_report(path, lines, echo=False)
     path.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     plot(rows, path.with_suffix(".png"))
-    print(f"wrote {path}")
     return 0
 
 

@@ -124,17 +124,18 @@ def check_req_indices(
     return req_indices.shape[0]
 
 
-def batch_state_rows(req_indices: torch.Tensor | None, B: int) -> torch.Tensor:
-    """The state rows of the batch's real rows (int64), for value checks."""
+def batch_state_rows(req_indices: torch.Tensor | None, B: int) -> torch.Tensor | slice:
+    """The state rows of the batch's real rows, for value checks: an index for ``x[rows]``
+    (int64 rows, or the slice of the first ``B`` rows without ``req_indices``: a view)."""
     if req_indices is None:
-        return torch.arange(B)
+        return slice(0, B)
     rows = req_indices.long()
     return rows[rows >= 0]
 
 
 def check_batch_lengths(
     num_tokens: torch.Tensor, req_indices: torch.Tensor | None, B: int, L_max: int
-) -> torch.Tensor:
+) -> torch.Tensor | slice:
     """Value check: the lengths of the batch's state rows lie in ``[0, L_max]`` (only the
     rows in the batch are read, so only they must be consistent). Returns those rows."""
     rows = batch_state_rows(req_indices, B)
@@ -184,6 +185,25 @@ def check_req_indices_values(
         live = req_indices[req_indices >= 0]
         if live.unique().numel() != live.numel():
             raise ValueError("req_indices must be unique (apart from -1 padding rows)")
+
+
+def check_prefix_sum(name: str, cu: torch.Tensor, k: int, what: str, hint: str = "") -> int:
+    """Value check of an exclusive prefix sum of counts (``cu_num_draft_tokens``): ``cu[0]
+    == 0`` and every count ``cu[b+1] - cu[b]`` in ``[0, k]``. Returns ``cu[-1]``. CPU
+    tensors: one numba pass (``cpu/checks.py``)."""
+    if cu.device.type == "cpu":
+        first, last, lo, hi = (int(v) for v in _cpu_checks.counts_range(cu.numpy()))
+    else:
+        first, last = int(cu[0]), int(cu[-1])
+        counts = cu[1:] - cu[:-1]
+        lo, hi = (int(counts.min()), int(counts.max())) if counts.numel() else (0, 0)
+    if first != 0:
+        raise ValueError(f"{name}[0] must be 0, got {first}: {hint}")
+    if lo < 0 or hi > k:
+        raise ValueError(
+            f"{name}[b+1] - {name}[b] must lie in [0, {k}] ({what}), got values in [{lo}, {hi}]"
+        )
+    return last
 
 
 def check_value_range(

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.cpu import commit as _cpu
-from specdec_kernels.ops._library import define
+from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._validation import (
     batch_state_rows,
     check_int,
@@ -212,7 +212,7 @@ def commit_accepted_tokens(
             L_max,
             "rows in the batch; L_max = token_ids.shape[1]",
         )
-        if num_prompt_tokens is not None and rows.numel():
+        if num_prompt_tokens is not None and num_tokens[rows].numel():
             over = num_prompt_tokens[rows] - num_tokens[rows]
             if int(num_prompt_tokens[rows].min()) < 0 or int(over.max()) > 0:
                 raise ValueError(
@@ -225,7 +225,8 @@ def commit_accepted_tokens(
     def contiguous(t):
         return None if t is None else t.contiguous()
 
-    outs = torch.ops.specdec.commit_accepted_tokens(
+    outs = call(
+        "commit_accepted_tokens",
         token_ids=token_ids,
         num_tokens=num_tokens,
         output_token_ids=output_token_ids,

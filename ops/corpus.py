@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.cpu import corpus as _cpu
-from specdec_kernels.ops._library import define
+from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._memory import full
 from specdec_kernels.ops._validation import (
     batch_state_rows,
@@ -179,7 +179,8 @@ def corpus_append(
         check_req_indices_values(req_indices, R, what="rows of doc_tokens")
         rows = batch_state_rows(req_indices, B)
         check_value_range("doc_lens", doc_lens[rows], 0, W, "doc_tokens.shape[1], for the batch")
-    torch.ops.specdec.corpus_append(
+    call(
+        "corpus_append",
         doc_tokens=doc_tokens,
         doc_lens=doc_lens.contiguous(),
         req_indices=None if req_indices is None else req_indices.contiguous(),

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.cpu import draft_plan as _cpu
-from specdec_kernels.ops._library import define
+from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._validation import (
     check_int,
     check_req_indices,
@@ -232,7 +232,8 @@ def plan_draft_lengths(
         if not bool((torch.isfinite(used) & (used > 0)).all()):
             raise ValueError("verify_cost[B:] must be positive and finite (a cost per pass)")
 
-    planned, expected = torch.ops.specdec.plan_draft_lengths(
+    planned, expected = call(
+        "plan_draft_lengths",
         num_draft_tokens=num_draft_tokens.contiguous(),
         match_len=match_len.contiguous(),
         verify_cost=verify_cost.contiguous(),
@@ -338,7 +339,8 @@ def update_acceptance_stats(
         check_value_range("num_draft_tokens", num_draft_tokens, 0, k, "k = acceptance.shape[2]")
         check_value_range("num_emitted", num_emitted, 0, k + 1, "k + 1")
 
-    torch.ops.specdec.update_acceptance_stats(
+    call(
+        "update_acceptance_stats",
         draft_token_ids=draft_token_ids.contiguous(),
         num_draft_tokens=num_draft_tokens.contiguous(),
         match_len=match_len.contiguous(),

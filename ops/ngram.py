@@ -13,7 +13,7 @@ import torch
 
 from specdec_kernels.constants import TIE_BREAKS
 from specdec_kernels.cpu import ngram as _cpu
-from specdec_kernels.ops._library import define
+from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._validation import (
     check_batch_lengths,
     check_int,
@@ -192,7 +192,8 @@ def ngram_propose(
                     f"max_draft_tokens must be >= 0, got {int(max_draft_tokens.min())}"
                 )
 
-    drafts, counts, match_len, source = torch.ops.specdec.ngram_propose(
+    drafts, counts, match_len, source = call(
+        "ngram_propose",
         token_ids=token_ids,
         num_tokens=num_tokens.contiguous(),
         req_indices=None if req_indices is None else req_indices.contiguous(),

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.cpu import ngram_index as _cpu
-from specdec_kernels.ops._library import define
+from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._memory import full
 from specdec_kernels.ops._validation import (
     check_batch_lengths,
@@ -188,8 +188,14 @@ def ngram_index_build(
         token_ids, num_tokens, req_indices, index, validate, extend=False
     )
     lo, hi = index.min_n, index.max_n
-    torch.ops.specdec.ngram_index_build(
-        token_ids=tok, num_tokens=lens, req_indices=rows, index=state, min_n=lo, max_n=hi
+    call(
+        "ngram_index_build",
+        token_ids=tok,
+        num_tokens=lens,
+        req_indices=rows,
+        index=state,
+        min_n=lo,
+        max_n=hi,
     )
 
 
@@ -235,6 +241,12 @@ def ngram_index_extend(
         token_ids, num_tokens, req_indices, index, validate, extend=True
     )
     lo, hi = index.min_n, index.max_n
-    torch.ops.specdec.ngram_index_extend(
-        token_ids=tok, num_tokens=lens, req_indices=rows, index=state, min_n=lo, max_n=hi
+    call(
+        "ngram_index_extend",
+        token_ids=tok,
+        num_tokens=lens,
+        req_indices=rows,
+        index=state,
+        min_n=lo,
+        max_n=hi,
     )

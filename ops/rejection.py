@@ -12,11 +12,12 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.cpu import rejection as _cpu
-from specdec_kernels.ops._library import define
+from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._validation import (
     FLOAT32_MAX,
     INT64_MAX,
     check_int,
+    check_prefix_sum,
     check_req_indices_values,
     check_shape,
     check_tensor,
@@ -180,7 +181,7 @@ def rejection_sample(
         ``k >= 0``, the static maximum number of drafts per request; ``k = 0`` makes the op
         a plain per-request sampler over the bonus rows.
     draft_probs : torch.Tensor, optional
-        float32, bfloat16 or float16 ``[>= len(draft_token_ids), V]``, the draft model's
+        float32, bfloat16 or float16 ``[>= N, V]`` (``N = cu[B]``), the draft model's
         probabilities ``q`` at each flat draft index (rows aligned with
         ``draft_token_ids``). ``None``: deterministic (one-hot) drafts, e.g. n-gram.
     temperature : torch.Tensor, optional
@@ -222,12 +223,12 @@ def rejection_sample(
     ValueError
         Wrong dtype, device or ndim of any tensor; ``cu_num_draft_tokens`` not ``[B+1]``
         with ``B >= 0``; ``target_logits.shape[0] < len(draft_token_ids) + B``; ``V < 1``;
-        ``draft_probs`` not ``[>= len(draft_token_ids), V]``; a parameter not ``[B]``;
+        ``draft_probs`` not ``[., V]``; a parameter not ``[B]``;
         ``num_speculative_tokens < 0``; ``seeds`` without ``offsets`` or ``offsets``
         without ``seeds``. With value checks: ``cu[0] != 0``, ``cu`` not
-        non-decreasing, ``k_b > k``, ``cu[B] > len(draft_token_ids)``, ``temperature``
-        negative or not finite, ``top_k < 0``, ``top_p`` outside ``(0, 1]``, ``min_p``
-        outside ``[0, 1]``.
+        non-decreasing, ``k_b > k``, ``cu[B] > len(draft_token_ids)``, ``draft_probs``
+        with fewer than ``N`` rows, ``temperature`` negative or not finite, ``top_k < 0``,
+        ``top_p`` outside ``(0, 1]``, ``min_p`` outside ``[0, 1]``.
 
     Examples
     --------
@@ -291,15 +292,12 @@ def rejection_sample(
 
     params = [temperature, top_k, top_p, min_p]
     if should_check_values([target_logits, draft_token_ids, cu, *params], validate):
-        first, N = int(cu[0]), int(cu[-1])
-        if first != 0:
-            raise ValueError(f"cu_num_draft_tokens[0] must be 0, got {first}: " + _INCLUSIVE_HINT)
-        check_value_range(
-            "cu_num_draft_tokens[b+1] - cu_num_draft_tokens[b]",
-            cu[1:] - cu[:-1],
-            0,
+        N = check_prefix_sum(
+            "cu_num_draft_tokens",
+            cu,
             k,
             f"the draft counts: cu non-decreasing, each <= num_speculative_tokens = {k}",
+            _INCLUSIVE_HINT,
         )
         if N > n_flat:
             raise ValueError(
@@ -323,7 +321,8 @@ def rejection_sample(
         seeds = torch.randint(0, SEED_HIGH, (B,), dtype=torch.int64, device=device)
         offsets = torch.zeros((B,), dtype=torch.int64, device=device)
 
-    out, num_emitted, logprobs = torch.ops.specdec.rejection_sample(
+    out, num_emitted, logprobs = call(
+        "rejection_sample",
         target_logits=target_logits,
         draft_token_ids=draft_token_ids.contiguous(),
         cu_num_draft_tokens=cu.contiguous(),

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.cpu import verify_inputs as _cpu
-from specdec_kernels.ops._library import define
+from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._validation import (
     batch_state_rows,
     check_int,
@@ -178,7 +178,8 @@ def compute_slot_mapping(
             raise ValueError("query_start_loc must be non-decreasing")
         check_req_indices_values(req_indices, R)
 
-    return torch.ops.specdec.compute_slot_mapping(
+    return call(
+        "compute_slot_mapping",
         block_table=block_table,
         positions=positions.contiguous(),
         query_start_loc=query_start_loc.contiguous(),
@@ -338,7 +339,8 @@ def prepare_verify_inputs(
             "rows in the batch; L_max = token_ids.shape[1]",
         )
 
-    outs = torch.ops.specdec.prepare_verify_inputs(
+    outs = call(
+        "prepare_verify_inputs",
         token_ids=token_ids,
         num_tokens=num_tokens.contiguous(),
         draft_token_ids=draft_token_ids,

@@ -7,7 +7,7 @@ Layers
 ------
 - ``specdec_kernels.ops``: the public, validated Python API and the torch op layer.
 - ``specdec_kernels.kernels``: Triton kernels and their launchers (the CUDA path).
-- ``specdec_kernels.cpu``: vectorised torch implementations (the CPU path).
+- ``specdec_kernels.cpu``: numba kernels, one per op (the CPU path).
 - ``specdec_kernels.reference``: plain, obviously correct implementations (test oracle).
 - ``specdec_kernels.constants``: ``PLACEHOLDER``, ``PAD_SLOT``, the finish reasons.
 
@@ -16,7 +16,7 @@ Layers
 
 from specdec_kernels.constants import PAD_SLOT, PLACEHOLDER
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def _find_ops_in_source_tree() -> None:

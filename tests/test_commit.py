@@ -17,30 +17,9 @@ from specdec_kernels.cpu import commit as cpu_commit
 from specdec_kernels.kernels import commit as triton_commit
 from specdec_kernels.ops import commit_accepted_tokens
 from specdec_kernels.reference import commit as ref_commit
-
-HAS_CUDA = torch.cuda.is_available()
-I32, I64 = torch.int32, torch.int64
-IMPLS = ("reference", "cpu", "triton")
-ALL = (*IMPLS, "public")
-
+from tests.bookkeeping_helpers import ALL, I32, I64, KERNEL_DEVICE, _cpu, _i32, _to
 
 MODULES = {"reference": ref_commit, "cpu": cpu_commit, "triton": triton_commit}
-
-
-# Where the Triton launchers run: CUDA on a GPU machine, else the CPU (interpreter).
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _i32(x):
-    return torch.tensor(x, dtype=I32)
-
-
-def _to(t, device):
-    return None if t is None else t.to(device)
-
-
-def _cpu(out):
-    return tuple(o.cpu() for o in out)
 
 
 # ---------------------------------------------------------------- callers

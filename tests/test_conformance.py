@@ -143,3 +143,37 @@ def test_fake_has_the_real_shapes_and_dtypes(case):
         fake = getattr(torch.ops.specdec, case.op)(**fake_args)
     fake = () if fake is None else fake if isinstance(fake, tuple) else (fake,)
     assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]
+
+
+@PARAMS
+def test_wrapper_calling_the_cpu_path_directly_equals_the_dispatcher(case, monkeypatch):
+    # in eager mode on plain CPU tensors the wrappers skip the dispatcher (ops/_library.call)
+    from specdec_kernels.ops import _library
+
+    direct_args, dispatched_args = case.make(), case.make()
+    assert _library.calls_cpu_directly(direct_args)
+    want = _outputs(case, direct_args, case.public(direct_args))
+    monkeypatch.setattr(_library, "calls_cpu_directly", lambda kwargs: False)
+    _assert_same(_outputs(case, dispatched_args, case.public(dispatched_args)), want, "dispatched")
+
+
+def test_the_dispatcher_is_skipped_only_in_plain_eager_mode():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specdec_kernels.ops._library import calls_cpu_directly
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    t = torch.zeros(3)
+    assert calls_cpu_directly({"a": t, "b": [t, t], "n": 3, "s": None})
+    assert not calls_cpu_directly({"a": torch.zeros(3, requires_grad=True)})
+    assert not calls_cpu_directly({"a": [t, torch.zeros(3, device="meta")]})
+    with torch.device("cpu"):  # a torch-function mode
+        assert not calls_cpu_directly({"a": t})
+    with Passthrough():
+        assert not calls_cpu_directly({"a": t})
+    with FakeTensorMode() as mode:
+        assert not calls_cpu_directly({"a": mode.from_tensor(t)})
+    assert not calls_cpu_directly({"a": torch.nn.Parameter(t, requires_grad=False)})

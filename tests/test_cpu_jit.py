@@ -199,3 +199,44 @@ def _rows(rows: torch.Tensor):
     from specdec_kernels.cpu._jit import float_rows
 
     return float_rows(rows, rows.shape[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_pass_weights_are_the_two_pass_weights_to_float32_rounding(dtype):
+    # row_weights finds the maximum block by block and rescales the blocks taken against an
+    # older one; it must give the two-pass weights (row_max, then weights) to rounding,
+    # exactly 1 at the maximum, and fall back to two passes for NaN, +inf and extreme T.
+    g = torch.Generator().manual_seed(6)
+    V = 3 * sampling.BLOCK + 200
+    rows = torch.randn(12, V, generator=g) * 3
+    rows[1] += torch.linspace(0, 40, V)  # the maximum grows block after block
+    rows[2] -= torch.linspace(0, 40, V)  # the maximum is in the first block
+    rows[3, 5::7] = -float("inf")
+    rows[4, 100] = float("nan")  # a positive NaN: two passes
+    rows[5, 2000] = float("inf")  # an infinite maximum: two passes
+    rows[6, : 2 * sampling.BLOCK] = -float("inf")  # the first blocks have no weight
+    rows[7] = -float("inf")
+    rows = rows.to(dtype)
+    f32, u16 = _rows(rows)
+    bf16 = dtype == torch.bfloat16
+    nb = (V + sampling.BLOCK - 1) // sampling.BLOCK
+    buf = np.zeros(sampling.BLOCK, dtype=np.float32)
+    for T in (1.0, 0.05, 7.0, 1e-30):
+        for r in range(rows.shape[0]):
+            w1, b1 = np.zeros(V, np.float32), np.zeros(nb)
+            m, total = sampling.row_weights(
+                f32, u16, bf16, r, V, np.float32(T), w1, b1, np.zeros(nb, np.float32), buf
+            )
+            w2, b2 = np.zeros(V, np.float32), np.zeros(nb)
+            m2 = sampling.row_max(f32, u16, bf16, r, V, buf)
+            total2 = sampling.weights(f32, u16, bf16, r, V, m2, np.float32(T), w2, b2, buf)
+            assert m == m2 or (np.isnan(m) and np.isnan(m2)), (T, r)
+            # z = (l - r) s + (r - m) s rounds apart from (l - m) s by ~|z| * 1e-7: a weight
+            # 2**z differs by up to ~1e-5 relative where z nears -126, by ~1e-7 near the top
+            np.testing.assert_allclose(w1, w2, rtol=2e-5, atol=1e-37, err_msg=f"T={T} row {r}")
+            assert np.abs(w1 - w2).sum() <= 1e-6 * w2.sum(), (T, r)  # the mass: to rounding
+            np.testing.assert_allclose(b1, b2, rtol=2e-5, err_msg=f"T={T} row {r}")
+            assert total == pytest.approx(total2, rel=1e-6)
+            if np.isfinite(m2):
+                first = int(np.argmax(w2))
+                assert w1[first] == 1.0 and w2[first] == 1.0

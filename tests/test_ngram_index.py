@@ -23,6 +23,24 @@ from specdec_kernels.ops import (
 from tests.ngram_helpers import RAW, State, drafts_of, full_scan, history, replay
 
 
+def test_unchecked_garbage_tables_neither_hang_nor_read_past_the_row():
+    # validate=False with a table of garbage (no empty slot; starts past the history):
+    # every probe is bounded and no entry outside the row matches, so the CPU path returns
+    from specdec_kernels.ops import ngram_propose
+
+    tok, nt = history([[1, 2, 3, 1, 2, 3, 1, 2]], width=8)
+    for fill in (0, 5, 10**6):
+        table = torch.full((1, 2, 8, 2), fill, dtype=torch.int32)
+        index = NgramIndex(table, torch.zeros(1, dtype=torch.int32), 2, 3)
+        ngram_index_extend(tok, nt, index=index, validate=False)  # inserts into a full table
+        out = ngram_propose(
+            tok, nt, min_n=2, max_n=3, num_speculative_tokens=2, index=index, validate=False
+        )
+        assert out.num_draft_tokens.shape == (1,)
+        if fill == 10**6:  # no start can be in an 8-token row: nothing matches
+            assert int(out.num_draft_tokens[0]) == 0
+
+
 @pytest.mark.parametrize("impl", RAW)
 @pytest.mark.parametrize("tie", ["first", "last"])
 def test_own_history_matches_full_scan_on_named_rows(impl, tie, kernel_device):

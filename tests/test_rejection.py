@@ -890,6 +890,28 @@ def test_value_checks_can_be_turned_off():
     assert out.output_token_ids.shape == (3, 3)
 
 
+def test_unchecked_drafts_without_their_draft_prob_row_are_rejected():
+    # validate=False with fewer draft-prob rows than drafts: the CPU kernel must not read
+    # past the rows it was given; such a draft is rejected (the row's own sample is emitted)
+    g = torch.Generator().manual_seed(72)
+    B, k, V = 2, 2, 8
+    logits = torch.randn(B * (k + 1), V, generator=g)
+    flat = [0, 1, 3, 4]  # the target rows of the four drafts (rows 2 and 5 are bonus rows)
+    q = torch.softmax(logits[flat], dim=-1)  # q = p: every draft with its q row is kept
+    drafts = torch.multinomial(q, 1, generator=g).flatten().int()
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32)
+    kw = dict(num_speculative_tokens=k, temperature=torch.ones(B),
+              seeds=torch.tensor([1, 2]), offsets=torch.zeros(B, dtype=torch.int64),
+              validate=False)  # fmt: skip
+    full = rejection_sample(logits, drafts, cu, draft_probs=q, **kw)
+    assert full.num_emitted.tolist() == [3, 3]
+    cut = rejection_sample(logits, drafts, cu, draft_probs=q[:1], **kw)
+    assert cut.num_emitted.tolist() == [2, 1]
+    assert int(cut.output_token_ids[0, 0]) == int(drafts[0])
+    none = rejection_sample(logits, drafts, cu, draft_probs=q[:0], **kw)
+    assert none.num_emitted.tolist() == [1, 1]
+
+
 def test_device_mismatch_raises():
     args, kw = _good(temperature=torch.ones(3, device="meta"))
     with pytest.raises(ValueError, match="temperature must be on cpu"):

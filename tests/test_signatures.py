@@ -64,16 +64,32 @@ def _op_name(func: ast.expr) -> str | None:
     return None
 
 
+def _called_op(node: ast.Call) -> tuple[str | None, list]:
+    """``(op, positional arguments)`` of ``call("<op>", ...)`` (``ops/_library.py``) or of
+    ``torch.ops.specdec.<op>(...)``; ``(None, [])`` for any other call."""
+    func, args = node.func, node.args
+    if isinstance(func, ast.Name) and func.id == "call" and args:
+        name = args[0]
+        if isinstance(name, ast.Constant) and isinstance(name.value, str):
+            return name.value, args[1:]
+    op = _op_name(func)
+    return op, (args if op else [])
+
+
 def call_mismatches(source: str, where: str) -> tuple[list[str], set[str]]:
-    """Problems of the ``torch.ops.specdec.<op>(...)`` calls in ``source``, and the ops called."""
+    """Problems of the op calls (``call("<op>", ...)``, ``torch.ops.specdec.<op>(...)``) in
+    ``source``, and the ops called."""
     problems, called = [], set()
     for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Call) or (op := _op_name(node.func)) is None:
+        if not isinstance(node, ast.Call):
+            continue
+        op, args = _called_op(node)
+        if op is None:
             continue
         called.add(op)
         at = f"{where}:{node.lineno} {op}"
-        if node.args:
-            problems.append(f"{at}: passes {len(node.args)} argument(s) by position")
+        if args:
+            problems.append(f"{at}: passes {len(args)} argument(s) by position")
         names = [kw.arg for kw in node.keywords]
         if None in names:
             problems.append(f"{at}: passes **kwargs")

@@ -17,30 +17,9 @@ from specdec_kernels.cpu import verify_inputs as cpu_verify
 from specdec_kernels.kernels import verify_inputs as triton_verify
 from specdec_kernels.ops import compute_slot_mapping, prepare_verify_inputs
 from specdec_kernels.reference import verify_inputs as ref_verify
-
-HAS_CUDA = torch.cuda.is_available()
-I32, I64 = torch.int32, torch.int64
-IMPLS = ("reference", "cpu", "triton")
-ALL = (*IMPLS, "public")
-
+from tests.bookkeeping_helpers import ALL, I32, I64, IMPLS, KERNEL_DEVICE, _cpu, _i32, _to
 
 MODULES = {"reference": ref_verify, "cpu": cpu_verify, "triton": triton_verify}
-
-
-# Where the Triton launchers run: CUDA on a GPU machine, else the CPU (interpreter).
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _i32(x):
-    return torch.tensor(x, dtype=I32)
-
-
-def _to(t, device):
-    return None if t is None else t.to(device)
-
-
-def _cpu(out):
-    return tuple(o.cpu() for o in out)
 
 
 # ---------------------------------------------------------------- callers

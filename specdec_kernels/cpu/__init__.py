@@ -1,1 +1,1 @@
-"""Vectorised torch implementations: the CPU path of every op."""
+"""numba kernels, one per op: the CPU path (``docs/design.md``, "CPU path")."""

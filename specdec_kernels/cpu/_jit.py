@@ -12,8 +12,9 @@ so a call costs the dispatcher plus a few microseconds (``docs/design.md``, "CPU
   one thread per call (never more than ``torch.get_num_threads()``), no thread pool to
   break in a forked worker.
 - ``boundscheck=False``: every index a kernel computes from tensor values is guarded in
-  the kernel (rows outside the state are skipped, lengths clamped to the buffers), so bad
-  unchecked values cannot touch memory outside the arrays.
+  the kernel (rows outside the state are skipped, lengths clamped to the buffers, probes
+  bounded), so bad unchecked values (with the shapes the wrappers check) cannot touch
+  memory outside the arrays.
 - ``error_model="numpy"``: float division by zero gives inf/NaN as in torch, no exception.
 
 numba has no float16 or bfloat16 on the CPU: kernels read bfloat16 as its 16-bit pattern
@@ -33,10 +34,18 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-_SOURCES = hashlib.sha256(
-    b"".join(p.read_bytes() for p in sorted(pathlib.Path(__file__).parent.glob("*.py")))
-).hexdigest()
-"""A digest of every ``cpu/`` source: part of each kernel's cache stamp (below)."""
+
+def _digest(paths) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+_HERE = pathlib.Path(__file__).parent
+_SOURCES = _digest([*sorted(_HERE.glob("*.py")), _HERE.parent / "constants.py"])
+"""A digest of every ``cpu/`` source and of ``constants.py`` (kernels freeze its values
+when they compile): part of each kernel's cache stamp (below)."""
 
 
 def jit_with(*fastmath: str):
@@ -51,8 +60,9 @@ def jit_with(*fastmath: str):
 def _stamped(kernel):
     """``kernel`` with ``_SOURCES`` in its cache stamp. numba's on-disk cache is valid while
     the kernel's own file is unchanged, but a kernel inlines helpers from other ``cpu/``
-    modules: without the digest, editing only a helper would leave callers' stale code in
-    the cache. (numba internals: where they differ, numba's own stamp stays.)"""
+    modules and the package's constants: without the digest, editing only those would leave
+    callers' stale code in the cache. (numba internals: where they differ, numba's own
+    stamp stays.)"""
     cache_file = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
     if cache_file is not None and hasattr(cache_file, "_source_stamp"):
         cache_file._source_stamp = (cache_file._source_stamp, _SOURCES)
@@ -108,17 +118,26 @@ combination)."""
 
 def np_(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor (no copy; any strides)."""
-    return t.detach().numpy()
+    return t.detach().numpy() if t.requires_grad else t.numpy()
 
 
 def opt(t: torch.Tensor | None, none: np.ndarray) -> np.ndarray:
     """``np_(t)``, or the empty placeholder ``none`` for an absent tensor."""
-    return none if t is None else t.detach().numpy()
+    return none if t is None else np_(t)
+
+
+def outputs(*specs: tuple) -> tuple[list[torch.Tensor], list[np.ndarray]]:
+    """Uninitialised CPU outputs, one per ``(shape, numpy dtype)``: the tensors and their
+    numpy views (``np.empty`` + ``torch.from_numpy`` costs half of ``torch.empty`` +
+    ``.numpy()``, which shows in a call of a few microseconds)."""
+    arrays = [np.empty(shape, dtype=dtype) for shape, dtype in specs]
+    return [torch.from_numpy(a) for a in arrays], arrays
 
 
 def float_rows(t: torch.Tensor, n: int) -> tuple[np.ndarray, np.ndarray]:
     """``(f32, u16)`` views of the first ``n`` rows of fp32, bf16 or fp16 rows ``[., V]``
-    (``n`` clamped to ``[0, rows]``): exactly one is non-empty, unless ``t`` is ``None``.
+    (``n`` clamped to ``[0, rows]``): the other dtype's view is an empty placeholder (both
+    for ``t = None``).
 
     bfloat16 goes as its bit pattern (the kernel widens it); float16 is widened to float32
     by torch (numba has no float16 on the CPU); strided rows are made contiguous. Rows are

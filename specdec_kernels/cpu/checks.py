@@ -3,13 +3,15 @@ and whether a NaN is present, in one numba call instead of a train of torch redu
 
 from __future__ import annotations
 
+import numpy as np
+
 from specdec_kernels.cpu._jit import jit
 
 
 @jit
 def value_range(x):
     """``(min, max, has_nan)`` of a non-empty 1-D array; NaN is left out of min and max
-    (an all-NaN array: its first entry, twice)."""
+    (an all-NaN array: its last entry, twice)."""
     n = x.shape[0]
     i0 = 0
     while i0 < n and x[i0] != x[i0]:
@@ -24,3 +26,17 @@ def value_range(x):
         else:
             has_nan = True
     return lo, hi, has_nan
+
+
+@jit
+def counts_range(cu):
+    """``(cu[0], cu[-1], min, max)`` of the differences ``cu[b+1] - cu[b]`` of a non-empty
+    1-D prefix sum (min and max 0 when it has one entry)."""
+    lo = hi = np.int64(0)
+    for b in range(cu.shape[0] - 1):
+        d = np.int64(cu[b + 1]) - np.int64(cu[b])
+        if b == 0 or d < lo:
+            lo = d
+        if b == 0 or d > hi:
+            hi = d
+    return np.int64(cu[0]), np.int64(cu[cu.shape[0] - 1]), lo, hi

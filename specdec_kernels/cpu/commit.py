@@ -6,10 +6,9 @@ length budget checked before each one and the stop list after it.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from specdec_kernels.constants import FINISH_LENGTH, FINISH_STOP
-from specdec_kernels.cpu._jit import NONE_I32, NONE_I32_2D, jit, np_, opt
+from specdec_kernels.cpu._jit import NONE_I32, NONE_I32_2D, jit, np_, opt, outputs
 
 
 @jit
@@ -71,15 +70,13 @@ def commit_accepted_tokens(
     num_prompt_tokens, min_tokens, max_tokens, num_computed_tokens, *, max_model_len,
 ):  # fmt: skip
     B = output_token_ids.shape[0]
-    committed = torch.empty(B, dtype=torch.int32)
-    finished = torch.empty(B, dtype=torch.bool)
-    reason = torch.empty(B, dtype=torch.int8)
+    (committed, finished, reason), arrays = outputs((B, np.int32), (B, np.bool_), (B, np.int8))
     _commit(
         np_(token_ids), np_(num_tokens), np_(output_token_ids), np_(num_emitted),
         opt(req_indices, NONE_I32), req_indices is not None, opt(stop_token_ids, NONE_I32_2D),
         stop_token_ids is not None, opt(num_prompt_tokens, NONE_I32), num_prompt_tokens is not None,
         opt(min_tokens, NONE_I32), min_tokens is not None, opt(max_tokens, NONE_I32),
         max_tokens is not None, opt(num_computed_tokens, NONE_I32), num_computed_tokens is not None,
-        max_model_len, committed.numpy(), finished.numpy(), reason.numpy(),
+        max_model_len, *arrays,
     )  # fmt: skip
     return committed, finished, reason

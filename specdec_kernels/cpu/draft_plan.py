@@ -14,10 +14,9 @@ numba kernels (``cpu/_jit.py``).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from specdec_kernels.constants import DRAFT_GAIN_SCALE
-from specdec_kernels.cpu._jit import NONE_I32, jit, np_, opt
+from specdec_kernels.cpu._jit import NONE_I32, jit, np_, opt, outputs
 
 
 @jit
@@ -88,12 +87,11 @@ def plan_draft_lengths(
     num_draft_tokens, match_len, verify_cost, req_indices, acceptance, *, max_num_tokens,
 ):  # fmt: skip
     B = num_draft_tokens.shape[0]
-    planned = torch.empty(B, dtype=torch.int32)
-    expected = torch.empty(B, dtype=torch.float32)
+    (planned, expected), arrays = outputs((B, np.int32), (B, np.float32))
     _plan(
         np_(num_draft_tokens), np_(match_len), np_(verify_cost), opt(req_indices, NONE_I32),
         req_indices is not None, np_(acceptance), -1 if max_num_tokens is None else max_num_tokens,
-        planned.numpy(), expected.numpy(),
+        *arrays,
     )  # fmt: skip
     return planned, expected
 

@@ -14,7 +14,6 @@ one comparison, so a scan reads each history once, without the prefix table of a
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from specdec_kernels.constants import DRAFT_SOURCE_CORPUS, DRAFT_SOURCE_NONE, DRAFT_SOURCE_OWN
 from specdec_kernels.cpu._jit import (
@@ -25,6 +24,7 @@ from specdec_kernels.cpu._jit import (
     jit,
     np_,
     opt,
+    outputs,
 )
 from specdec_kernels.cpu.corpus import corpus_lookup
 from specdec_kernels.cpu.ngram_index import ngram_hash, own_lookup
@@ -117,16 +117,13 @@ def ngram_propose(
 ):  # fmt: skip
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
     k = num_speculative_tokens
-    drafts = torch.empty((B, k), dtype=torch.int32)
-    counts = torch.empty(B, dtype=torch.int32)
-    match_len = torch.empty(B, dtype=torch.int32)
-    source = torch.empty(B, dtype=torch.int8)
+    tensors, arrays = outputs(((B, k), np.int32), (B, np.int32), (B, np.int32), (B, np.int8))
     c = (NONE_I32, NONE_I64_2D, NONE_I64_2D, NONE_I64) if corpus is None else map(np_, corpus)
     _propose(
         np_(token_ids), np_(num_tokens), opt(req_indices, NONE_I32), req_indices is not None,
         opt(max_draft_tokens, NONE_I32), max_draft_tokens is not None,
         NONE_I32_4D if index is None else np_(index[0]), index is not None, *c,
         corpus is not None, min_n, max_n, k, -1 if max_model_len is None else max_model_len,
-        tie_break == "last", drafts.numpy(), counts.numpy(), match_len.numpy(), source.numpy(),
+        tie_break == "last", *arrays,
     )  # fmt: skip
-    return drafts, counts, match_len, source
+    return tuple(tensors)

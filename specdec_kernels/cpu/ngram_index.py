@@ -60,16 +60,20 @@ def same_ngram(a, i, b, j, n):
 
 @jit
 def _insert(slots, row, i, n):
-    """Insert the n-gram at start ``i`` of ``row`` into one table ``slots`` ``[S, 2]``."""
+    """Insert the n-gram at start ``i`` of ``row`` into one table ``slots`` ``[S, 2]``.
+
+    At most ``S`` probes, and a slot whose start could not be in ``row`` never matches: a
+    table of unchecked values (``validate=False``) cannot hang the call or make it read
+    outside the row."""
     S = slots.shape[0]
     pos = mix1(ngram_hash(row, i, n)) % S
-    while True:
+    for _ in range(S):
         f = slots[pos, 0]
         if f < 0:
             slots[pos, 0] = i
             slots[pos, 1] = i
             return
-        if same_ngram(row, f, row, i, n):
+        if f + n <= row.shape[0] and same_ngram(row, f, row, i, n):
             slots[pos, 0] = min(f, i)
             slots[pos, 1] = max(slots[pos, 1], i)
             return
@@ -81,18 +85,19 @@ def _insert(slots, row, i, n):
 @jit
 def own_lookup(slots, row, L, n, h):
     """``(first, last)`` starts of the suffix n-gram ``row[L-n : L]`` (hash ``h``) in one
-    table, ``(-1, -1)`` if it is not there. Read only."""
+    table, ``(-1, -1)`` if it is not there. Read only; guarded as ``_insert``."""
     S = slots.shape[0]
     pos = mix1(h) % S
-    while True:
+    for _ in range(S):
         f = slots[pos, 0]
         if f < 0:
-            return -1, -1
-        if same_ngram(row, f, row, L - n, n):
-            return f, slots[pos, 1]
+            break
+        if f + n <= L and same_ngram(row, f, row, L - n, n):
+            return f, min(max(slots[pos, 1], f), L - n - 1)
         pos += 1
         if pos == S:
             pos = 0
+    return -1, -1
 
 
 @jit

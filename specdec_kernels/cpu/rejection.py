@@ -2,13 +2,14 @@
 
 Per request, its target rows in order until the first row that is not accepted (later rows
 never matter, so they are never read): a greedy row is one maximum pass and one pass to
-the first maximal id; a sampled row is a maximum pass, a weights pass that also sums them
-by blocks, the filters (only where on), and an inverse-CDF search that reads the row up to
-the sample (``cpu/sampling.py``). One-hot drafts are verified by coupling (the draft is
-kept iff it is the row's own sample); with draft probabilities a rejected row samples the
-residual ``max(p - q, 0)``. Uniforms are the library's Philox, bit-identical to the
-kernel's; tokens differ from the kernel's only where a uniform lands within float rounding
-of a CDF boundary (``docs/design.md``, "``rejection_sample``").
+the first maximal id; a sampled row is one pass that finds the maximum block by block,
+takes the weights against it and sums them by blocks (then rescales the blocks taken
+against an older maximum), the filters (only where on), and an inverse-CDF search that
+reads the weights up to the sample (``cpu/sampling.py``). One-hot drafts are verified by
+coupling (the draft is kept iff it is the row's own sample); with draft probabilities a
+rejected row samples the residual ``max(p - q, 0)``. Uniforms are the library's Philox,
+bit-identical to the kernel's; tokens differ from the kernel's only where a uniform lands
+within float rounding of a CDF boundary (``docs/design.md``, "``rejection_sample``").
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from specdec_kernels.cpu._jit import (
     jit,
     np_,
     opt,
+    outputs,
     scratch,
 )
 from specdec_kernels.cpu.sampling import (
@@ -38,8 +40,8 @@ from specdec_kernels.cpu.sampling import (
     philox_uniform,
     raw_log_normaliser,
     row_max,
+    row_weights,
     threshold,
-    weights,
 )
 
 
@@ -70,7 +72,7 @@ def _log_prob(f32, u16, bf16, g, V, tok, buf, w):
     if l_tok != l_tok:
         l_tok = -np.inf
     if np.isfinite(m):
-        S = raw_log_normaliser(f32, u16, bf16, g, V, m, buf, w)
+        S = raw_log_normaliser(f32, u16, bf16, g, V, m, w)
         return np.float32((l_tok - m) - np.log(S))  # S: float64
     n_max = 0
     for j0 in range(0, V, BLOCK):
@@ -93,12 +95,13 @@ def _sample(w, V, blocks, S, u, f32, u16, bf16, g, buf):
 def _reject(
     l32, l16, l_bf16, drafts, cu, q32, q16, q_bf16, has_probs, temp, has_temp, top_k,
     has_top_k, top_p, has_top_p, min_p, has_min_p, seeds, offsets, lp_on, out, num_emitted,
-    logprobs, w, blocks, buf,
+    logprobs, w, blocks, refs, buf,
 ):  # fmt: skip
     B, K1 = out.shape
     V = max(l32.shape[1], l16.shape[1])
     rows = max(l32.shape[0], l16.shape[0])
     n_drafts = drafts.shape[0]
+    q_rows = max(q32.shape[0], q16.shape[0])  # a draft without its q row is rejected
     for b in range(B):
         out[b, :] = -1
         if lp_on:
@@ -112,14 +115,13 @@ def _reject(
                 break
             f = cu[b] + j  # the flat draft index
             x = drafts[f] if j < kb and 0 <= f < n_drafts else -1
-            valid = 0 <= x < V
+            valid = 0 <= x < V and (f < q_rows or not has_probs)
             acc = False
             if T == 0.0:  # greedy: the argmax
                 tok = argmax(l32, l16, l_bf16, g, V, buf)
                 acc = valid and tok == x
             else:
-                m = row_max(l32, l16, l_bf16, g, V, buf)
-                S = weights(l32, l16, l_bf16, g, V, m, T, w, blocks, buf)
+                S = row_weights(l32, l16, l_bf16, g, V, T, w, blocks, refs, buf)[1]
                 k_ = top_k[b] if has_top_k else 0
                 p_ = top_p[b] if has_top_p else np.float32(1.0)
                 mp = min_p[b] if has_min_p else np.float32(0.0)
@@ -173,9 +175,10 @@ def rejection_sample(
     K1 = num_speculative_tokens + 1
     B = cu_num_draft_tokens.shape[0] - 1
     V = target_logits.shape[1]
-    out = torch.empty((B, K1), dtype=torch.int32)
-    num_emitted = torch.empty((B,), dtype=torch.int32)
-    logprobs = torch.empty((B, K1) if return_logprobs else (0,), dtype=torch.float32)
+    lp_shape = (B, K1) if return_logprobs else (0,)
+    (out, num_emitted, logprobs), (out_a, emitted_a, lp_a) = outputs(
+        ((B, K1), np.int32), (B, np.int32), (lp_shape, np.float32)
+    )
     if B == 0:
         return out, num_emitted, logprobs
     cu = np_(cu_num_draft_tokens)
@@ -191,8 +194,7 @@ def rejection_sample(
         draft_probs is not None, opt(temperature, NONE_F32), temperature is not None,
         opt(top_k, NONE_I32), top_k is not None, opt(top_p, NONE_F32), top_p is not None,
         opt(min_p, NONE_F32), min_p is not None, opt(seeds, NONE_I64), opt(offsets, NONE_I64),
-        return_logprobs, out.numpy(), num_emitted.numpy(),
-        logprobs.numpy() if return_logprobs else NONE_F32_2D, work[:V],
-        np.empty(nb, dtype=np.float64), work[V : V + BLOCK],
+        return_logprobs, out_a, emitted_a, lp_a if return_logprobs else NONE_F32_2D, work[:V],
+        np.empty(nb, dtype=np.float64), np.empty(nb, dtype=np.float32), work[V : V + BLOCK],
     )  # fmt: skip
     return out, num_emitted, logprobs

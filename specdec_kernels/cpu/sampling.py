@@ -3,16 +3,17 @@
 A row is read in ``BLOCK``-entry pieces: float32 rows as views, bfloat16 rows widened into
 a float32 buffer. Every hot loop below indexes its pieces from 0 (an offset index makes
 numba guard it against negative values, and the guard stops LLVM vectorising), reads and
-writes distinct arrays, and calls no libm:
+writes distinct arrays, and calls no libm (only the rare fallbacks do):
 
 - the row maximum is an integer ``max`` over order-preserving bit keys of the raw row
   (float32 or bfloat16 bits: no widening); a positive NaN has a key above ``+inf``'s, and
   only then does a second, NaN-aware pass run (NaN read as ``-inf``);
 - the first maximal id compares bits (``-0`` and ``+0`` together), a block at a time;
 - the weights ``e = exp2((l - m) * scale)`` (``kernels/sampling.py`` has the formula and
-  why) use a degree-6 polynomial for ``2**f`` on ``[0, 1)`` (relative error < 1e-7, the
-  float32 rounding of ``exp2``; ``2**0`` is exactly 1, so the maximum has weight 1) and the
-  exponent added to the bits;
+  why) are taken in the pass that finds the maximum (``row_weights``: against the running
+  maximum, rescaled at the end where it grew), with a degree-6 polynomial for ``2**f`` on
+  ``[0, 1)`` (relative error < 1e-7, the float32 rounding of ``exp2``; ``2**0`` is exactly
+  1, so the maximum has weight 1) and the exponent added to the bits;
 - block sums of ``BLOCK`` weights in float64 (reordered freely, so they vectorise); the
   running sum of the block sums picks the block of the inverse-CDF sample, a running sum
   inside it the id (float64 throughout: in float32 the tail of a 150k vocabulary would
@@ -36,6 +37,7 @@ NEG_INF_KEY = np.int32(-2139095041)  # float32 -inf: 0xff800000 ^ 0x7fffffff
 POS_INF_KEY = np.int32(0x7F800000)
 BF16_NEG_INF_KEY = np.int16(-32641)  # bfloat16 -inf: 0xff80 ^ 0x7fff
 BF16_POS_INF_KEY = np.int16(0x7F80)
+_TINY = np.float32(2.0**-126)  # the smallest normal float32
 _T_FAST_MIN = np.float32(2.0**-90)
 _T_FAST_MAX = np.float32(1e36)
 # 2**f = 1 + f * (P1 + f * (P2 + ...)) on [0, 1)
@@ -143,7 +145,7 @@ def exp2_scaled(src, m, scale, out):
     m, scale = np.float32(m), np.float32(scale)  # float32 arithmetic whatever the caller's
     for i in range(src.shape[0]):
         z = (as_float32(src[i]) - m) * scale
-        x = max(z, EXP2_MIN)  # NaN: EXP2_MIN (dropped below)
+        x = z if z > EXP2_MIN else EXP2_MIN  # NaN too (its weight is dropped below)
         e = np.floor(x)
         f = x - e
         p = np.float32(1.0) + f * (P1 + f * (P2 + f * (P3 + f * (P4 + f * (P5 + f * P6)))))
@@ -185,6 +187,61 @@ def weights(f32, u16, bf16, g, V, m, T, w, blocks, buf):
         blocks[j0 // BLOCK] = lane_sum(out)
         total += blocks[j0 // BLOCK]
     return total
+
+
+@jit
+def row_weights(f32, u16, bf16, g, V, T, w, blocks, refs, buf):
+    """``weights`` with the row's maximum found on the way; returns ``(m, total)``.
+
+    One read of the row instead of two (``row_max``, then ``weights``): each block's
+    maximum, then its weights against the running maximum ``r`` (kept in ``refs``), and
+    once the maximum ``m`` is known, the blocks taken against an older ``r`` are scaled by
+    ``exp2((r - m) * scale)`` (in L2; weights that become subnormal count as 0). The same
+    weights to float32 rounding, exactly 1 at the maximum. NaN, an infinite maximum, a row
+    of ``-inf`` and extreme temperatures take the two reads."""
+    scale = LOG2E / np.float32(T)
+    nb = (V + BLOCK - 1) // BLOCK
+    m = NEG_INF
+    one_pass = T >= _T_FAST_MIN and T <= _T_FAST_MAX
+    for bi in range(nb if one_pass else 0):
+        j0 = bi * BLOCK
+        n = min(BLOCK, V - j0)
+        if bf16:  # the block's maximum from its raw bits (a positive NaN or +inf: stop)
+            key = _key_max(u16[g].view(np.int16)[j0 : j0 + n], BF16_NEG_INF_KEY)
+            one_pass = key < BF16_POS_INF_KEY
+        else:
+            key = _key_max(f32[g].view(np.int32)[j0 : j0 + n], NEG_INF_KEY)
+            one_pass = key < POS_INF_KEY
+        if not one_pass:
+            break
+        m = max(m, _key_float(key, bf16))
+        out = w[j0 : j0 + n]
+        if m == NEG_INF:
+            out[:] = 0.0
+        else:
+            _exp2_row(f32, u16, bf16, g, j0, n, m, scale, out)
+        blocks[bi] = lane_sum(out)
+        refs[bi] = m
+    if one_pass and m > NEG_INF:
+        total = np.float64(0.0)
+        for bi in range(nb):
+            if refs[bi] < m:
+                out = w[bi * BLOCK : min(V, (bi + 1) * BLOCK)]
+                _rescale(out, np.exp2((np.float64(refs[bi]) - np.float64(m)) * scale))
+                blocks[bi] = lane_sum(out)
+            total += blocks[bi]
+        return m, total
+    m = row_max(f32, u16, bf16, g, V, buf)
+    return m, weights(f32, u16, bf16, g, V, m, T, w, blocks, buf)
+
+
+@jit
+def _rescale(out, factor):
+    """``out *= factor`` (< 1), products below the smallest normal float32 set to 0."""
+    f = np.float32(factor)
+    for i in range(out.shape[0]):
+        v = out[i] * f
+        out[i] = v if v >= _TINY else np.float32(0.0)
 
 
 @jit_with("reassoc")  # the sum may be reordered: it vectorises (5x faster than in order)
@@ -265,7 +322,7 @@ def threshold(w, V, top_k, top_p, min_p):
 
 
 @jit
-def raw_log_normaliser(f32, u16, bf16, g, V, m, buf, w):
+def raw_log_normaliser(f32, u16, bf16, g, V, m, w):
     """``sum exp2((l - m) * log2(e))`` of the raw row (``m`` finite): the log-softmax's
     normaliser is its log. ``w``: ``BLOCK`` entries of scratch."""
     S = np.float64(0.0)

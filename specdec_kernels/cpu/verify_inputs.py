@@ -5,10 +5,9 @@ kernels (``cpu/_jit.py``), one loop over the batch's requests and their query to
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from specdec_kernels.constants import PAD_SLOT
-from specdec_kernels.cpu._jit import NONE_I32, NONE_I32_2D, jit, np_, opt
+from specdec_kernels.cpu._jit import NONE_I32, NONE_I32_2D, jit, np_, opt, outputs
 
 
 @jit
@@ -88,11 +87,11 @@ def _mml(max_model_len):
 def compute_slot_mapping(
     block_table, positions, query_start_loc, req_indices, *, block_size, max_model_len,
 ):  # fmt: skip
-    out = torch.empty(positions.shape[0], dtype=torch.int64)
+    (out,), (out_a,) = outputs((positions.shape[0], np.int64))
     _slot_mapping(
         opt(block_table, NONE_I32_2D), block_table is not None, np_(positions),
         np_(query_start_loc), opt(req_indices, NONE_I32), req_indices is not None, block_size,
-        _mml(max_model_len), out.numpy(),
+        _mml(max_model_len), out_a,
     )  # fmt: skip
     return out
 
@@ -103,15 +102,13 @@ def prepare_verify_inputs(
 ):  # fmt: skip
     B, k = draft_token_ids.shape
     T = B * (k + 1)
-    i32, i64 = torch.int32, torch.int64
-    outs = (
-        torch.empty(T, dtype=i32), torch.empty(T, dtype=i64), torch.empty(B + 1, dtype=i32),
-        torch.empty(B, dtype=i32), torch.empty(T, dtype=i64), torch.empty(B + 1, dtype=i32),
-        torch.empty(B * k, dtype=i32),
-    )  # fmt: skip
+    i32, i64 = np.int32, np.int64
+    outs, arrays = outputs(
+        (T, i32), (T, i64), (B + 1, i32), (B, i32), (T, i64), (B + 1, i32), (B * k, i32)
+    )
     _prepare(
         np_(token_ids), np_(num_tokens), np_(draft_token_ids), np_(num_draft_tokens),
         opt(block_table, NONE_I32_2D), block_table is not None, opt(req_indices, NONE_I32),
-        req_indices is not None, block_size, _mml(max_model_len), *(o.numpy() for o in outs),
+        req_indices is not None, block_size, _mml(max_model_len), *arrays,
     )  # fmt: skip
-    return outs
+    return tuple(outs)

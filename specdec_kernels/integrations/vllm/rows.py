@@ -9,12 +9,13 @@ length indexed last step are those it had then; it is then extended with its new
 and rebuilt from vLLM's buffer otherwise (admission, a moved, swapped or resumed request).
 A different request that passes the check has the same tokens at both ends of the indexed
 history and the same length; its drafts could then be another occurrence's (only ever a
-draft: verification keeps every output exact). One numba call per step, O(new tokens +
-``SIGNATURE``) per row.
+draft: verification keeps every output exact). One numba call per step (two with
+histories), O(new tokens + ``SIGNATURE``) per row.
 
 With a corpus, the tracker also keeps a copy of every row's history (what vLLM's buffer
 may have overwritten by the time a request is seen to have left) and reports the
-histories of the requests that left: the caller decides which are finished documents.
+histories of the requests that left (not those that only moved to another row): the
+caller decides which are finished documents.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ SIGNATURE = 16
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _track(token_ids, num_tokens, B, seen, head, tail, state):
-    """``state[r]``: 0 unchanged, 1 extend, 2 rebuild (rows < B); 3 left (rows >= B, or a
-    rebuilt row that held a request: its old history is still in ``histories``)."""
+    """``state[r]``: 0 unchanged, 1 extend, 2 rebuild (rows < B: the caller treats a
+    rebuilt row that held a request as that request having left; its old history is still
+    in ``histories``); 3 left (rows >= B that held a request)."""
     R, W = token_ids.shape
     S = head.shape[1]
     for r in range(seen.shape[0]):
@@ -58,6 +60,26 @@ def _track(token_ids, num_tokens, B, seen, head, tail, state):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
+def _in_batch(token_ids, num_tokens, B, h):
+    """Whether a row of this step's batch continues history ``h`` (at least as long, the
+    same ``SIGNATURE`` tokens at its start and before ``len(h)``): a request that only
+    moved (condense, swap), not one that left."""
+    n = h.shape[0]
+    s = min(SIGNATURE, n)
+    for b in range(B):
+        if min(np.int64(num_tokens[b]), token_ids.shape[1]) < n:
+            continue
+        same = True
+        for t in range(s):
+            if token_ids[b, t] != h[t] or token_ids[b, n - s + t] != h[n - s + t]:
+                same = False
+                break
+        if same:
+            return True
+    return False
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _copy_new(token_ids, num_tokens, B, seen, histories, state):
     for r in range(B):
         L = min(max(np.int64(num_tokens[r]), 0), token_ids.shape[1])
@@ -79,7 +101,8 @@ class RowTracker:
     def update(self, token_ids: np.ndarray, num_tokens: np.ndarray, B: int):
         """Rows ``0 .. B-1`` hold this step's requests. Returns ``(rebuild, extend, left)``:
         the rows to index from scratch and to extend (int32 arrays), and the histories of
-        the requests that left (only with ``keep_histories``)."""
+        the requests that left (only with ``keep_histories``): no longer in any row of the
+        batch (a request that moved to another row has not left)."""
         seen, state = self.seen, self.state
         _track(token_ids, num_tokens, B, seen, self.head, self.tail, state)
         rebuild = np.flatnonzero(state == 2).astype(np.int32)
@@ -88,6 +111,7 @@ class RowTracker:
         if self.histories is not None:
             gone = np.flatnonzero((state == 3) | ((state == 2) & (seen > 0)))
             left = [self.histories[r, : seen[r]].copy() for r in gone]
+            left = [h for h in left if not _in_batch(token_ids, num_tokens, B, h)]
             _copy_new(token_ids, num_tokens, B, seen, self.histories, state)
         seen[:B] = np.minimum(np.maximum(num_tokens[:B], 0), token_ids.shape[1])
         seen[B:] = -1

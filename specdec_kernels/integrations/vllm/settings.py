@@ -56,9 +56,11 @@ class NgramSettings(NamedTuple):
     corpus_documents: str = "finished"
     """``"finished"``: a request that left the batch joins the corpus iff its last token is
     a stop token or it reached ``max_model_len``; ``"departed"``: every request that left
-    (as vLLM's ``suffix`` method does), a preempted one too."""
+    (like vLLM's ``suffix`` method, which caches every response), a preempted one too. A
+    request that only moved to another row has not left."""
     stop_token_ids: tuple[int, ...] = ()
-    """The tokens that end a request (the model's EOS unless given)."""
+    """The tokens that end a request (the ``eos_token_id`` of the model's config unless
+    given; end-of-turn tokens only in ``generation_config.json`` must be given)."""
     max_index_bytes: int = DEFAULT_MAX_INDEX_BYTES
     """Cap on the index's memory; a larger index is a ``ValueError`` at construction."""
 
