@@ -74,13 +74,16 @@ def define(schema: str, *, cpu: Callable, cuda: str, fake: Callable) -> None:
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
 
 
-def _plain_cpu(value) -> bool:
-    """A value the CPU function may get straight: not a tensor, or a plain CPU tensor that
-    no autograd, subclass (fake, functional) or transform needs to see."""
-    if isinstance(value, torch.Tensor):
-        return type(value) is torch.Tensor and value.is_cpu and not value.requires_grad
-    if isinstance(value, (list, tuple)):
-        return all(_plain_cpu(v) for v in value)
+def _plain_cpu(values) -> bool:
+    """Whether every value may reach the CPU function straight: not a tensor, or a plain
+    CPU tensor that no autograd, subclass (fake, functional) or transform needs to see
+    (lists and tuples: their items)."""
+    for v in values:
+        if type(v) is torch.Tensor:
+            if not v.is_cpu or v.requires_grad:
+                return False
+        elif isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and not _plain_cpu(v)):
+            return False
     return True
 
 
@@ -106,5 +109,5 @@ def calls_cpu_directly(kwargs: dict) -> bool:
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()
         and torch._C._get_tracing_state() is None
-        and all(_plain_cpu(v) for v in kwargs.values())
+        and _plain_cpu(kwargs.values())
     )

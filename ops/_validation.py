@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec_kernels.cpu import checks as _cpu_checks
+from specdec_kernels.cpu._jit import NONE_I32, np_, opt
 
 _ONE_PASS_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
 """The dtypes of CPU tensors checked in one numba pass (``cpu/checks.py``)."""
@@ -134,19 +135,68 @@ def batch_state_rows(req_indices: torch.Tensor | None, B: int) -> torch.Tensor |
 
 
 def check_batch_lengths(
-    num_tokens: torch.Tensor, req_indices: torch.Tensor | None, B: int, L_max: int
-) -> torch.Tensor | slice:
+    num_tokens: torch.Tensor,
+    req_indices: torch.Tensor | None,
+    B: int,
+    L_max: int,
+    *,
+    other: torch.Tensor | None = None,
+) -> tuple[int, int]:
     """Value check: the lengths of the batch's state rows lie in ``[0, L_max]`` (only the
-    rows in the batch are read, so only they must be consistent). Returns those rows."""
-    rows = batch_state_rows(req_indices, B)
-    check_value_range(
-        "num_tokens", num_tokens[rows], 0, L_max, "token_ids.shape[1], for the rows in the batch"
-    )
-    return rows
+    rows in the batch are read, so only they must be consistent). Returns the ``(min,
+    max)`` of ``num_tokens - other`` over those rows (``(0, 0)`` without ``other``)."""
+    return check_rows_range(
+        "num_tokens", num_tokens, req_indices, B, 0, L_max,
+        "token_ids.shape[1], for the rows in the batch", other=other,
+    )  # fmt: skip
 
 
-def _is_capturing(t: torch.Tensor) -> bool:
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+def check_rows_range(
+    name: str,
+    values: torch.Tensor,
+    req_indices: torch.Tensor | None,
+    B: int,
+    lo: int,
+    hi: int,
+    what: str,
+    *,
+    other: torch.Tensor | None = None,
+) -> tuple[int, int]:
+    """Value check: the integer ``values`` of the batch's state rows (``req_indices``, -1
+    skipped; the first ``B`` rows without) lie in ``[lo, hi]``. Returns the ``(min, max)``
+    of ``values - other`` over those rows (``(0, 0)`` without ``other`` or rows)."""
+    n, vmin, vmax, dlo, dhi = rows_stats(values, req_indices, B, other)
+    if n and not (lo <= vmin and vmax <= hi):
+        raise ValueError(
+            f"{name} must lie in [{lo}, {hi}] ({what}), got values in [{vmin}, {vmax}]"
+        )
+    return dlo, dhi
+
+
+def rows_stats(
+    values: torch.Tensor,
+    req_indices: torch.Tensor | None,
+    B: int,
+    other: torch.Tensor | None = None,
+) -> tuple[int, int, int, int, int]:
+    """``(n, min, max, min of the gap, max of the gap)`` of the integer ``values`` of the
+    batch's ``n`` state rows, the gap being ``values - other`` (0 without ``other``). CPU
+    tensors: one numba pass (``cpu/checks.py``), no index tensor built."""
+    if (
+        values.is_cpu
+        and (req_indices is None or req_indices.is_cpu)
+        and (other is None or other.is_cpu)
+    ):
+        return _cpu_checks.rows_range(
+            np_(values), opt(req_indices, NONE_I32), req_indices is not None, B,
+            opt(other, NONE_I32), other is not None,
+        )  # fmt: skip
+    picked = values[batch_state_rows(req_indices, B)]
+    if not picked.numel():
+        return 0, 0, 0, 0, 0
+    gap = picked - other[batch_state_rows(req_indices, B)] if other is not None else None
+    dlo, dhi = (int(gap.min()), int(gap.max())) if gap is not None else (0, 0)
+    return picked.numel(), int(picked.min()), int(picked.max()), dlo, dhi
 
 
 def should_check_values(tensors: Sequence[torch.Tensor | None], validate: bool | None) -> bool:
@@ -156,12 +206,14 @@ def should_check_values(tensors: Sequence[torch.Tensor | None], validate: bool |
     """
     if torch.compiler.is_compiling():
         return False
-    present = [t for t in tensors if t is not None]
-    if any(_is_capturing(t) for t in present):
-        return False
-    if validate is not None:
-        return bool(validate)
-    return all(t.device.type == "cpu" for t in present)
+    all_cpu = True
+    for t in tensors:
+        if t is None or t.is_cpu:
+            continue
+        if t.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        all_cpu = False
+    return all_cpu if validate is None else bool(validate)
 
 
 def check_req_indices_values(
@@ -175,7 +227,10 @@ def check_req_indices_values(
     (optionally) unique apart from -1."""
     if req_indices is None or req_indices.numel() == 0:
         return
-    lo, hi = int(req_indices.min()), int(req_indices.max())
+    if req_indices.is_cpu:
+        lo, hi = (int(v) for v in _cpu_checks.value_range(np_(req_indices))[:2])
+    else:
+        lo, hi = int(req_indices.min()), int(req_indices.max())
     if lo < -1 or (R is not None and hi >= R):
         want = f"[-1, {R})" if R is not None else ">= -1"
         raise ValueError(
@@ -223,7 +278,7 @@ def check_value_range(
     if values.numel() == 0:
         return
     if values.device.type == "cpu" and values.dim() == 1 and values.dtype in _ONE_PASS_DTYPES:
-        vmin, vmax, has_nan = _cpu_checks.value_range(values.detach().numpy())
+        vmin, vmax, has_nan = _cpu_checks.value_range(np_(values))
         if not has_nan and (vmin > lo if lo_open else vmin >= lo) and vmax <= hi:
             return
         if has_nan:

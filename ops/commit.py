@@ -14,15 +14,16 @@ import torch
 from specdec_kernels.cpu import commit as _cpu
 from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._validation import (
-    batch_state_rows,
     check_int,
     check_optional_tensor,
     check_req_indices,
     check_req_indices_values,
+    check_rows_range,
     check_shape,
     check_tensor,
     check_token_state,
     check_value_range,
+    rows_stats,
     should_check_values,
 )
 
@@ -204,17 +205,11 @@ def commit_accepted_tokens(
     if should_check_values(tensors, validate):
         check_req_indices_values(req_indices, R, unique=True)
         check_value_range("num_emitted", num_emitted, 0, k1, "k+1 = output_token_ids.shape[1]")
-        rows = batch_state_rows(req_indices, B)
-        check_value_range(
-            "num_tokens",
-            num_tokens[rows],
-            0,
-            L_max,
-            "rows in the batch; L_max = token_ids.shape[1]",
-        )
-        if num_prompt_tokens is not None and num_tokens[rows].numel():
-            over = num_prompt_tokens[rows] - num_tokens[rows]
-            if int(num_prompt_tokens[rows].min()) < 0 or int(over.max()) > 0:
+        what = "rows in the batch; L_max = token_ids.shape[1]"
+        check_rows_range("num_tokens", num_tokens, req_indices, B, 0, L_max, what)
+        if num_prompt_tokens is not None:
+            n, lo, _, _, over = rows_stats(num_prompt_tokens, req_indices, B, other=num_tokens)
+            if n and (lo < 0 or over > 0):
                 raise ValueError(
                     "num_prompt_tokens must lie in [0, num_tokens] for the rows in the batch"
                 )

@@ -16,15 +16,14 @@ from specdec_kernels.cpu import corpus as _cpu
 from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._memory import full
 from specdec_kernels.ops._validation import (
-    batch_state_rows,
     check_int,
     check_n_range,
     check_req_indices,
     check_req_indices_values,
+    check_rows_range,
     check_shape,
     check_state_tensor,
     check_tensor,
-    check_value_range,
     should_check_values,
 )
 
@@ -177,8 +176,8 @@ def corpus_append(
     B = R if B is None else B
     if should_check_values([doc_tokens, doc_lens, req_indices, corpus.state], validate):
         check_req_indices_values(req_indices, R, what="rows of doc_tokens")
-        rows = batch_state_rows(req_indices, B)
-        check_value_range("doc_lens", doc_lens[rows], 0, W, "doc_tokens.shape[1], for the batch")
+        what = "doc_tokens.shape[1], for the batch"
+        check_rows_range("doc_lens", doc_lens, req_indices, B, 0, W, what)
     call(
         "corpus_append",
         doc_tokens=doc_tokens,

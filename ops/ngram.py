@@ -180,8 +180,8 @@ def ngram_propose(
 
     if should_check_values([token_ids, num_tokens, req_indices, max_draft_tokens], validate):
         check_req_indices_values(req_indices, R, what="rows of token_ids")
-        rows = check_batch_lengths(num_tokens, req_indices, B, L_max)
-        if index is not None and not torch.equal(num_tokens[rows], index.length[rows]):
+        other = None if index is None else index.length
+        if check_batch_lengths(num_tokens, req_indices, B, L_max, other=other) != (0, 0):
             raise ValueError(
                 "index.length must equal num_tokens for the rows in the batch (call "
                 "ngram_index_extend after every commit, ngram_index_build at admission)"

@@ -131,8 +131,8 @@ def _checked(token_ids, num_tokens, req_indices, index, validate, *, extend):
     B = R if B is None else B
     if should_check_values([token_ids, num_tokens, req_indices, index.length], validate):
         check_req_indices_values(req_indices, R, unique=True, what="rows of token_ids")
-        rows = check_batch_lengths(num_tokens, req_indices, B, L_max)
-        if extend and bool((num_tokens[rows] < index.length[rows]).any()):
+        other = index.length if extend else None
+        if check_batch_lengths(num_tokens, req_indices, B, L_max, other=other)[0] < 0:
             raise ValueError(
                 "num_tokens must be >= index.length for the rows in the batch (histories only "
                 "grow; rebuild a row with ngram_index_build when its tokens change)"

@@ -17,10 +17,10 @@ import torch
 from specdec_kernels.cpu import verify_inputs as _cpu
 from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._validation import (
-    batch_state_rows,
     check_int,
     check_req_indices,
     check_req_indices_values,
+    check_rows_range,
     check_shape,
     check_tensor,
     check_token_state,
@@ -330,14 +330,8 @@ def prepare_verify_inputs(
         check_value_range(
             "num_draft_tokens", num_draft_tokens[live], 0, k, "k = draft_token_ids.shape[1]"
         )
-        rows = batch_state_rows(req_indices, B)
-        check_value_range(
-            "num_tokens",
-            num_tokens[rows],
-            1,
-            L_max,
-            "rows in the batch; L_max = token_ids.shape[1]",
-        )
+        what = "rows in the batch; L_max = token_ids.shape[1]"
+        check_rows_range("num_tokens", num_tokens, req_indices, B, 1, L_max, what)
 
     outs = call(
         "prepare_verify_inputs",

@@ -240,3 +240,29 @@ def test_one_pass_weights_are_the_two_pass_weights_to_float32_rounding(dtype):
             if np.isfinite(m2):
                 first = int(np.argmax(w2))
                 assert w1[first] == 1.0 and w2[first] == 1.0
+
+
+@pytest.mark.parametrize("with_rows", [False, True])
+@pytest.mark.parametrize("with_other", [False, True])
+def test_batch_row_statistics_of_the_value_checks_are_those_of_indexing(with_rows, with_other):
+    # the CPU pass of rows_stats against the indexing it replaces (the path other devices take)
+    from specdec_kernels.ops import _validation
+
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        R = int(torch.randint(1, 9, (1,), generator=gen))
+        values = torch.randint(-50, 50, (R,), generator=gen, dtype=torch.int32)
+        other = torch.randint(-50, 50, (R,), generator=gen, dtype=torch.int32)
+        B = int(torch.randint(0, R + 1, (1,), generator=gen))
+        rows = torch.randint(-1, R, (B,), generator=gen, dtype=torch.int32)
+        req = rows if with_rows else None
+        oth = other if with_other else None
+        got = _validation.rows_stats(values, req, B, oth)
+        picked = rows[rows >= 0].long() if with_rows else torch.arange(B)
+        v = values[picked]
+        if not v.numel():
+            assert got == (0, 0, 0, 0, 0), trial
+            continue
+        gap = v - other[picked] if with_other else torch.zeros(1, dtype=torch.int32)
+        want = (v.numel(), int(v.min()), int(v.max()), int(gap.min()), int(gap.max()))
+        assert tuple(int(x) for x in got) == want, trial

@@ -40,3 +40,28 @@ def counts_range(cu):
         if b == 0 or d > hi:
             hi = d
     return np.int64(cu[0]), np.int64(cu[cu.shape[0] - 1]), lo, hi
+
+
+@jit
+def rows_range(values, rows, has_rows, B, other, has_other):
+    """Over the batch's state rows ``r`` (``rows[b] >= 0``, or ``b < B`` without ``rows``;
+    rows outside ``values`` are skipped: the ``req_indices`` check reports them):
+    ``(n, min, max)`` of ``values[r]`` and ``(min, max)`` of ``values[r] - other[r]`` (0
+    without ``other``). Integer arrays; ``n`` counts the rows seen."""
+    n = 0
+    lo = hi = dlo = dhi = np.int64(0)
+    R = values.shape[0]
+    for b in range(rows.shape[0] if has_rows else min(B, R)):
+        r = np.int64(rows[b]) if has_rows else np.int64(b)
+        if r < 0 or r >= R:
+            continue
+        v = np.int64(values[r])
+        d = v - np.int64(other[r]) if has_other else np.int64(0)
+        if n == 0:
+            lo = hi = v
+            dlo = dhi = d
+        else:
+            lo, hi = min(lo, v), max(hi, v)
+            dlo, dhi = min(dlo, d), max(dhi, d)
+        n += 1
+    return n, lo, hi, dlo, dhi
