@@ -2,10 +2,11 @@
 
 For each case of the conformance registry (tests/conformance.py: every op, small shapes):
 
-- ``cpu``: the public function on CPU tensors (validation with value checks, the
-  dispatcher, the numba kernel);
+- ``cpu``: the public function on CPU tensors as a user calls it (validation with value
+  checks, the CPU function called directly in plain eager mode, the numba kernel);
 - ``cuda host``: what a CUDA call costs the host, measured on the CPU: the public function
-  with ``validate=False`` (CUDA tensors get no value checks), the dispatcher, and the
+  with ``validate=False`` (CUDA tensors get no value checks), the dispatcher (a CUDA call
+  always goes through it), and the
   Triton launcher's Python (allocations, grid, arguments) with every kernel launch
   stubbed (the launch itself, ~5-20 us on a GPU, is not in it);
 - ``dispatch``: ``torch.ops.specdec.<op>`` alone, its implementation a stub.
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from specdec_kernels.ops import _library
     from specdec_kernels.ops._library import OPS, lib
     from tests.conformance import CASES
 
@@ -108,7 +110,12 @@ def main(argv=None) -> int:
     # re-registering the CPU kernel is the point here: torch's warning says nothing new
     warnings.filterwarnings("ignore", message="Warning only once for all operators")
 
+    direct = _library.calls_cpu_directly
+
     def use(kind):
+        # the public wrappers call the CPU function themselves in plain eager mode: the
+        # stubbed kinds must reach the dispatcher, where the override sits
+        _library.calls_cpu_directly = direct if kind == "cpu" else lambda kwargs: False
         for op in OPS:
             if kind == "cpu":
                 fn = cpu_impls[op]
@@ -144,8 +151,9 @@ def main(argv=None) -> int:
         f"`python -m bench.overhead --rounds {args.rounds} --repeats {args.repeats}`, one "
         f"thread, torch {torch.__version__}; medians of {args.repeats} interleaved repeats "
         "of the mean of a round. `cpu`: the public function on CPU tensors (value checks, "
-        "dispatcher, numba kernel). `cuda host`: the public function without value checks "
-        "(as for CUDA tensors), the dispatcher and the Triton launcher's Python with the "
+        "the CPU function called directly, numba kernel). `cuda host`: the public function "
+        "without value checks (as for CUDA tensors), the dispatcher and the Triton "
+        "launcher's Python with the "
         "kernel launches stubbed. `dispatch`: `torch.ops.specdec.<op>` with a stub behind it. "
         "Ops that write state in place get a fresh copy of it for every call.",
         "",

@@ -109,7 +109,13 @@ def test_compiled_kernels_are_cached_on_disk(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     cached = list(tmp_path.rglob("*.nbi"))
     assert cached, "nothing was written to the numba cache"
+
+    def files():
+        return {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+
+    before = files()
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    assert files() == before, "the second process compiled again instead of loading the cache"
 
 
 def test_editing_a_helper_module_recompiles_the_kernels_that_inline_it(tmp_path):

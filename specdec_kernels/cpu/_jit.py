@@ -105,7 +105,6 @@ def _as_float32(v):
 NONE_I32 = np.zeros(0, dtype=np.int32)
 NONE_I64 = np.zeros(0, dtype=np.int64)
 NONE_F32 = np.zeros(0, dtype=np.float32)
-NONE_U16 = np.zeros(0, dtype=np.uint16)
 NONE_I32_2D = np.zeros((0, 0), dtype=np.int32)
 NONE_I64_2D = np.zeros((0, 0), dtype=np.int64)
 NONE_F32_2D = np.zeros((0, 0), dtype=np.float32)

@@ -155,3 +155,18 @@ def test_corpus_and_index_options_are_checked():
         _corpus_proposer(max_index_bytes=1024)
     off = _corpus_proposer(corpus_tokens=0, index=False)
     assert off.settings.index is False and off.settings.corpus_tokens == 0
+
+
+def test_index_takes_a_length_array_shorter_than_the_token_buffer():
+    # the docstring allows token_ids_cpu [>= B, L] and num_tokens_no_spec [>= B] apart
+    rows, width = 4, 64
+    tokens = np.tile(np.arange(8, dtype=np.int32), (rows + 3, width // 8))
+    lengths = np.array([20, 30, 9, 41], dtype=np.int32)
+    sampled = [[1]] * rows
+    drafts = {}
+    for index in (True, False):
+        extra = {"prompt_lookup_min": 2, "prompt_lookup_max": 3, "index": index}
+        ours = NgramProposer(stand_in_config(2, 3, 4, width, custom_class=True, extra=extra))
+        drafts[index] = ours.propose(sampled, lengths, tokens, slot_mappings=None)
+    assert drafts[True] == drafts[False]
+    assert all(len(d) == 4 for d in drafts[True])

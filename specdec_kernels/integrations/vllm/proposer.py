@@ -172,6 +172,8 @@ class NgramProposer:
         return [row[:c] for row, c in zip(drafts, counts, strict=True)]
 
     def _from_index(self, token_ids, num_tokens, B, kw):
+        R = min(token_ids.shape[0], num_tokens.shape[0])  # the rows both arrays have
+        token_ids, num_tokens = token_ids[:R], num_tokens[:R]
         self._state(tuple(token_ids.shape))
         index = self._index
         rebuild, extend, left = self._rows.update(token_ids.numpy(), num_tokens.numpy(), B)
