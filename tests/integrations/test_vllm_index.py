@@ -161,7 +161,7 @@ def test_index_takes_a_length_array_shorter_than_the_token_buffer():
     # the docstring allows token_ids_cpu [>= B, L] and num_tokens_no_spec [>= B] apart
     rows, width = 4, 64
     tokens = np.tile(np.arange(8, dtype=np.int32), (rows + 3, width // 8))
-    lengths = np.array([20, 30, 9, 41], dtype=np.int32)
+    lengths = np.array([20, 30, 17, 41], dtype=np.int32)
     sampled = [[1]] * rows
     drafts = {}
     for index in (True, False):
