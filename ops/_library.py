@@ -94,7 +94,7 @@ def call(name: str, **kwargs):
     the dispatcher would run, without its ~5-8 us (most of a small CPU call). Anything
     the dispatcher exists for goes through it: ``torch.compile`` and ``torch.export``
     tracing, ``torch.jit`` tracing, a dispatch or torch-function mode (fake tensors,
-    ``with torch.device(...)``, profilers' modes), functorch transforms, tensor
+    ``with torch.device(...)``), a running ``torch.profiler``, functorch transforms, tensor
     subclasses, tensors that require grad, other devices."""
     if calls_cpu_directly(kwargs):
         return OPS[name].cpu(**kwargs)
@@ -109,5 +109,6 @@ def calls_cpu_directly(kwargs: dict) -> bool:
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()
         and torch._C._get_tracing_state() is None
+        and not torch._C._autograd._profiler_enabled()  # a trace shows the op's event
         and _plain_cpu(kwargs.values())
     )

@@ -177,3 +177,15 @@ def test_the_dispatcher_is_skipped_only_in_plain_eager_mode():
     with FakeTensorMode() as mode:
         assert not calls_cpu_directly({"a": mode.from_tensor(t)})
     assert not calls_cpu_directly({"a": torch.nn.Parameter(t, requires_grad=False)})
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert not calls_cpu_directly({"a": t})  # a trace shows the op's event
+
+
+def test_a_profiled_call_records_the_ops_event():
+    from specdec_kernels.ops import ngram_propose
+
+    tokens = torch.tensor([[7, 8, 9, 10, 7, 8]], dtype=torch.int32)
+    n = torch.tensor([6], dtype=torch.int32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ngram_propose(tokens, n, min_n=1, max_n=2, num_speculative_tokens=3)
+    assert any(e.name == "specdec::ngram_propose" for e in prof.events())

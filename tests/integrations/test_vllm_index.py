@@ -170,3 +170,27 @@ def test_index_takes_a_length_array_shorter_than_the_token_buffer():
         drafts[index] = ours.propose(sampled, lengths, tokens, slot_mappings=None)
     assert drafts[True] == drafts[False]
     assert all(len(d) == 4 for d in drafts[True])
+
+
+def test_length_arrays_of_the_batch_size_keep_the_index_and_the_corpus():
+    # num_tokens_no_spec of exactly B entries, B changing from step to step, must draft as
+    # the full array does: the state is kept (not rebuilt) and the finished request joins
+    EOS = 7
+
+    def run(trim):
+        ours = _corpus_proposer(stop_token_ids=[EOS])
+        tok, num = np.zeros((4, L), dtype=np.int32), np.zeros(4, dtype=np.int32)
+        tok[0, :6], num[0] = [10, 11, 12, 13, 14, EOS], 6  # finishes
+        tok[1, :3], num[1] = [20, 21, 22], 3
+        steps = []
+        for B in (2, 1, 2):
+            if B == 1:  # the finished request leaves; the other is condensed into row 0
+                tok[0, :3], num[0], num[1] = [20, 21, 22], 3, 0
+            elif steps:  # a new request whose suffix is only in the finished one
+                tok[1, :3], num[1] = [30, 11, 12], 3
+            lengths = num[:B] if trim else num
+            steps.append(ours.propose([[1]] * B, lengths, tok, slot_mappings=None))
+        return steps
+
+    assert run(True) == run(False)
+    assert run(True)[-1][1] == [13, 14, EOS]

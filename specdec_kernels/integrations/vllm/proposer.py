@@ -172,8 +172,12 @@ class NgramProposer:
         return [row[:c] for row, c in zip(drafts, counts, strict=True)]
 
     def _from_index(self, token_ids, num_tokens, B, kw):
-        R = min(token_ids.shape[0], num_tokens.shape[0])  # the rows both arrays have
-        token_ids, num_tokens = token_ids[:R], num_tokens[:R]
+        R = token_ids.shape[0]
+        if num_tokens.shape[0] != R:  # allowed ([>= B] each): rows past B are never read
+            lengths = torch.zeros(R, dtype=torch.int32)
+            n = min(R, num_tokens.shape[0])
+            lengths[:n] = num_tokens[:n]
+            num_tokens = lengths
         self._state(tuple(token_ids.shape))
         index = self._index
         rebuild, extend, left = self._rows.update(token_ids.numpy(), num_tokens.numpy(), B)
