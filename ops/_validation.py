@@ -191,10 +191,11 @@ def rows_stats(
             np_(values), opt(req_indices, NONE_I32), req_indices is not None, B,
             opt(other, NONE_I32), other is not None,
         )  # fmt: skip
-    picked = values[batch_state_rows(req_indices, B)]
+    rows = batch_state_rows(req_indices, B)
+    picked = values[rows]
     if not picked.numel():
         return 0, 0, 0, 0, 0
-    gap = picked - other[batch_state_rows(req_indices, B)] if other is not None else None
+    gap = picked - other[rows] if other is not None else None
     dlo, dhi = (int(gap.min()), int(gap.max())) if gap is not None else (0, 0)
     return picked.numel(), int(picked.min()), int(picked.max()), dlo, dhi
 
@@ -247,7 +248,7 @@ def check_prefix_sum(name: str, cu: torch.Tensor, k: int, what: str, hint: str =
     == 0`` and every count ``cu[b+1] - cu[b]`` in ``[0, k]``. Returns ``cu[-1]``. CPU
     tensors: one numba pass (``cpu/checks.py``)."""
     if cu.device.type == "cpu":
-        first, last, lo, hi = (int(v) for v in _cpu_checks.counts_range(cu.numpy()))
+        first, last, lo, hi = (int(v) for v in _cpu_checks.counts_range(np_(cu)))
     else:
         first, last = int(cu[0]), int(cu[-1])
         counts = cu[1:] - cu[:-1]

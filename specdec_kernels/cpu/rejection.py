@@ -22,7 +22,7 @@ from specdec_kernels.cpu._jit import (
     NONE_F32_2D,
     NONE_I32,
     NONE_I64,
-    bits_float,
+    as_float32,
     float_rows,
     jit,
     np_,
@@ -59,7 +59,7 @@ def require_seeds_and_offsets(temperature, seeds, offsets) -> None:
 def _value(f32, u16, bf16, g, i):
     """Entry ``[g, i]`` of fp32 rows or (widened exactly) of bfloat16 rows."""
     if bf16:
-        return bits_float(np.int32(np.uint32(u16[g, i]) << 16))  # wraps to the sign bit
+        return as_float32(u16[g, i])
     return f32[g, i]
 
 

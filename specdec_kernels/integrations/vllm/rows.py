@@ -26,8 +26,11 @@ import numpy as np
 SIGNATURE = 16
 """Tokens compared at each end of a row's indexed history."""
 
+_njit = numba.njit(cache=True, nogil=True, boundscheck=False)
+"""The row tracker's kernels: cached, GIL released, like the library's CPU kernels."""
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+
+@_njit
 def _track(token_ids, num_tokens, B, seen, head, tail, state):
     """``state[r]``: 0 unchanged, 1 extend, 2 rebuild (rows < B: the caller treats a
     rebuilt row that held a request as that request having left; its old history is still
@@ -59,7 +62,7 @@ def _track(token_ids, num_tokens, B, seen, head, tail, state):
             tail[r, t] = token_ids[r, L - h + t]
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@_njit
 def _in_batch(token_ids, num_tokens, B, h):
     """Whether a row of this step's batch continues history ``h`` (at least as long, the
     same ``SIGNATURE`` tokens at its start and before ``len(h)``): a request that only
@@ -79,7 +82,7 @@ def _in_batch(token_ids, num_tokens, B, h):
     return False
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@_njit
 def _copy_new(token_ids, num_tokens, B, seen, histories, state):
     for r in range(B):
         L = min(max(np.int64(num_tokens[r]), 0), token_ids.shape[1])
