@@ -74,14 +74,21 @@ def define(schema: str, *, cpu: Callable, cuda: str, fake: Callable) -> None:
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
 
 
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+"""The non-tensor argument types of a schema: nothing to look at (the common case first)."""
+
+
 def _plain_cpu(values) -> bool:
     """Whether every value may reach the CPU function straight: not a tensor, or a plain
     CPU tensor that no autograd, subclass (fake, functional) or transform needs to see
     (lists and tuples: their items)."""
     for v in values:
-        if type(v) is torch.Tensor:
+        kind = type(v)
+        if kind is torch.Tensor:
             if not v.is_cpu or v.requires_grad:
                 return False
+        elif kind in _SCALARS:
+            continue
         elif isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and not _plain_cpu(v)):
             return False
     return True

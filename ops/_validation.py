@@ -29,6 +29,13 @@ def check_tensor(
     device: torch.device | None = None,
 ) -> torch.Tensor:
     """Check that ``t`` is a tensor with the given dtype(s), ndim and (optionally) device."""
+    if (  # the common case, answered in a few attribute reads (a call's fixed cost)
+        type(t) is torch.Tensor
+        and (t.dtype is dtype if type(dtype) is torch.dtype else t.dtype in dtype)
+        and t.dim() == ndim
+        and (device is None or t.device == device)
+    ):
+        return t
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     dtypes = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
@@ -61,6 +68,13 @@ def check_int(
     Every int must also fit the schema's int64: a larger one would otherwise reach the
     dispatcher and fail there with a ``RuntimeError``.
     """
+    if (
+        type(value) is int
+        and (min_value is None or value >= min_value)
+        and (max_value is None or value <= max_value)
+        and INT64_MIN <= value <= INT64_MAX
+    ):
+        return value  # the common case first (a call's fixed cost)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be a Python int, got {type(value).__name__}")
     if min_value is not None and value < min_value:

@@ -129,8 +129,8 @@ def outputs(*specs: tuple) -> tuple[list[torch.Tensor], list[np.ndarray]]:
     """Uninitialised CPU outputs, one per ``(shape, numpy dtype)``: the tensors and their
     numpy views (``np.empty`` + ``torch.from_numpy`` costs half of ``torch.empty`` +
     ``.numpy()``, which shows in a call of a few microseconds)."""
-    arrays = [np.empty(shape, dtype=dtype) for shape, dtype in specs]
-    return [torch.from_numpy(a) for a in arrays], arrays
+    arrays = [np.empty(shape, dtype) for shape, dtype in specs]
+    return list(map(torch.from_numpy, arrays)), arrays
 
 
 def float_rows(t: torch.Tensor, n: int) -> tuple[np.ndarray, np.ndarray]:
