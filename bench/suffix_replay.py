@@ -1,0 +1,249 @@
+"""Draft quality on replayed request streams: this library vs SuffixDecoding (issue 19).
+
+``python -m bench.suffix_replay [--stream stdlib|git] [-k 4 8 16] [--requests N]`` replays a
+stream (``examples/corpus_replay.py``'s: the stdlib modules of the running Python, or code
+edits of this repository over a pinned commit range) with a perfect greedy oracle: per
+step a request accepts the longest draft prefix that equals its true continuation and
+emits one more token. Requests are admitted in order, ``--batch`` at a time, the same for
+every drafter. Reported: tokens per step (output tokens / decode steps) for
+
+- ``longest``: ``ngram_propose`` today (n in 2..5, first occurrence; the corpus: finished
+  prompt + output);
+- ``suffix``: SuffixDecoding (ArcticInference 0.3.0, built by
+  ``bench/baselines/suffix_decoding.sh``; chain drafts at depth 64), with each
+  ``max_spec_factor`` of ``--factors``;
+- ``frequency``: the prototype of ``scoring="frequency"`` (``bench/baselines/
+  frequency_prototype.py``), same factors;
+
+each with the own history only and with earlier requests, in two store settings:
+``native`` (SuffixDecoding's: every request's response, growing live) and ``finished``
+(prompt + output of finished requests, this library's corpus). ``--out FILE.md`` appends
+the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.baselines import frequency_prototype as fp  # noqa: E402
+from examples.corpus_replay import DEFAULT_COMMITS, git_requests, stdlib_requests  # noqa: E402
+
+
+def replay(reqs, drafter, *, batch: int, k: int) -> float:
+    """Tokens per step of ``drafter`` on ``reqs`` under the greedy oracle."""
+    slot_req, hist, L = [-1] * batch, [None] * batch, [0] * batch
+    nxt, out_tokens, steps = 0, 0, 0
+
+    def admit(s):
+        nonlocal nxt
+        slot_req[s] = -1
+        if nxt < len(reqs):
+            _, prompt, output = reqs[nxt]
+            hist[s], L[s], slot_req[s] = np.asarray(prompt + output, np.int32), len(prompt), nxt
+            drafter.admit(s, hist[s], len(prompt))
+            nxt += 1
+
+    for s in range(batch):
+        admit(s)
+    while any(r >= 0 for r in slot_req):
+        for s in range(batch):
+            if slot_req[s] < 0:
+                continue
+            h, n = hist[s], L[s]
+            drafts = drafter.propose(s, h, n, k)
+            acc = 0
+            while acc < len(drafts) and n + acc < h.shape[0] and drafts[acc] == h[n + acc]:
+                acc += 1
+            L[s] = n + min(acc + 1, h.shape[0] - n)
+            drafter.commit(s, h, n, L[s])
+            out_tokens += L[s] - n
+            steps += 1
+            if L[s] >= h.shape[0]:
+                drafter.finish(s, h)
+                admit(s)
+    return out_tokens / steps
+
+
+class Longest:
+    """``ngram_propose`` as it is (one row per call; the corpus gets finished requests)."""
+
+    def __init__(self, shared: bool, store: str, min_n: int = 2, max_n: int = 5):
+        import torch
+
+        from specdec_kernels.ops import corpus_append, new_corpus, ngram_propose
+
+        self.torch, self.propose_op, self.append_op = torch, ngram_propose, corpus_append
+        self.corpus = new_corpus(1 << 22, min_n=min_n, max_n=max_n) if shared else None
+        self.min_n, self.max_n = min_n, max_n
+
+    def admit(self, s, h, n):
+        pass
+
+    def propose(self, s, h, n, k):
+        t = self.torch
+        out = self.propose_op(
+            t.from_numpy(h[None]), t.tensor([n], dtype=t.int32), min_n=self.min_n,
+            max_n=self.max_n, num_speculative_tokens=k, corpus=self.corpus,
+        )  # fmt: skip
+        return out.draft_token_ids[0, : int(out.num_draft_tokens[0])].tolist()
+
+    def commit(self, s, h, n0, n1):
+        pass
+
+    def finish(self, s, h):
+        if self.corpus is not None:
+            t = self.torch
+            self.append_op(
+                t.from_numpy(h[None]), t.tensor([h.shape[0]], dtype=t.int32),
+                t.tensor([0], dtype=t.int32), corpus=self.corpus,
+            )  # fmt: skip
+
+
+class Suffix:
+    """SuffixDecoding's trees: one per request (prompt + output) and one shared; the
+    higher score wins, ties to the request's own (``SuffixDecodingCache.speculate``)."""
+
+    def __init__(self, shared: bool, store: str, factor: float = 1.0, depth: int = 64):
+        from arctic_inference.suffix_decoding._C import SuffixTree
+
+        self.tree, self.depth, self.factor = SuffixTree, depth, factor
+        self.shared, self.live = shared, store == "native"
+        self.glob, self.local, self.seq, self.next_seq = SuffixTree(depth), {}, {}, 0
+
+    def admit(self, s, h, n):
+        self.local[s] = self.tree(self.depth)
+        self.local[s].extend(0, h[:n].tolist())
+        self.seq[s], self.next_seq = self.next_seq, self.next_seq + 1
+
+    def propose(self, s, h, n, k):
+        ctx = h[max(0, n - self.depth) : n].tolist()
+        draft = self.local[s].speculate(ctx, k, self.factor, 0.0, 0.1, False)
+        if self.shared:
+            other = self.glob.speculate(ctx, k, self.factor, 0.0, 0.1, False)
+            draft = other if other.score > draft.score else draft
+        return list(draft.token_ids)
+
+    def commit(self, s, h, n0, n1):
+        self.local[s].extend(0, h[n0:n1].tolist())
+        if self.shared and self.live:
+            self.glob.extend(self.seq[s], h[n0:n1].tolist())
+
+    def finish(self, s, h):
+        del self.local[s]
+        if self.shared and not self.live:
+            self.glob.extend(self.seq[s], h.tolist())
+
+
+class Frequency:
+    """The prototype: a count table per request and one shared, combined as SuffixDecoding
+    combines its trees."""
+
+    def __init__(self, shared: bool, store: str, factor: float = 1.0, D: int = 64,
+                 shared_log2: int = 26):  # fmt: skip
+        self.D, self.factor, self.shared, self.live = D, factor, shared, store == "native"
+        self.glob = fp.new_table(shared_log2) if shared else None
+        self.own, self.prompt_len = {}, {}
+        self.out, self.tmp = np.zeros(64, np.int32), np.zeros(64, np.int32)
+
+    def admit(self, s, h, n):
+        self.own[s], self.prompt_len[s] = fp.new_table(fp.capacity_for(h.shape[0], self.D)), n
+        for p in range(n):
+            fp.append(*self.own[s], h, 0, p, self.D, 1.0)
+
+    def _draft(self, table, h, n, k):
+        t, score, _ = fp.propose(
+            (table,), np.ones(1), h, n, self.D, k, self.factor, 0.0, 0.1, self.out, self.tmp
+        )
+        return self.out[:t].tolist(), score
+
+    def propose(self, s, h, n, k):
+        draft, score = self._draft(self.own[s], h, n, k)
+        if self.shared:
+            other, other_score = self._draft(self.glob, h, n, k)
+            draft = other if other_score > score else draft
+        return draft
+
+    def commit(self, s, h, n0, n1):
+        for p in range(n0, n1):
+            fp.append(*self.own[s], h, 0, p, self.D, 1.0)
+            if self.shared and self.live:
+                fp.append(*self.glob, h, self.prompt_len[s], p, self.D, 1.0)
+
+    def finish(self, s, h):
+        del self.own[s]
+        if self.shared and not self.live:
+            for p in range(h.shape[0]):
+                fp.append(*self.glob, h, 0, p, self.D, 1.0)
+
+
+def suffix_decoding_path() -> str | None:
+    """The built peer's folder (``bench/baselines/suffix_decoding.sh``), or None if it
+    cannot be built here."""
+    script = Path(__file__).resolve().parent / "baselines" / "suffix_decoding.sh"
+    env = dict(os.environ, PYTHON=sys.executable)
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    if run.returncode != 0:
+        print(f"SuffixDecoding not built: {run.stderr.strip()[-500:]}", file=sys.stderr)
+        return None
+    return run.stdout.strip().splitlines()[-1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--stream", choices=["stdlib", "git"], default="stdlib")
+    p.add_argument("-k", type=int, nargs="+", default=[4])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--requests", type=int, default=711, help="stdlib: modules replayed")
+    p.add_argument("--max-output", type=int, default=2048)
+    p.add_argument("--factors", type=float, nargs="+", default=[1.0, 4.0])
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.stream == "stdlib":
+        reqs = stdlib_requests(8, args.max_output, args.requests)
+        name = f"stdlib modules (Python {sys.version.split()[0]}, first {len(reqs)} by path)"
+    else:
+        reqs = git_requests(DEFAULT_COMMITS, args.max_output)
+        name = f"code edits, git {DEFAULT_COMMITS}"
+    drafters = [("longest", Longest, {})]
+    peer = suffix_decoding_path()
+    if peer is not None:
+        sys.path.insert(0, peer)
+        drafters += [(f"suffix f={f:g}", Suffix, {"factor": f}) for f in args.factors]
+    drafters += [(f"frequency f={f:g}", Frequency, {"factor": f}) for f in args.factors]
+    tokens = sum(len(o) for _, _, o in reqs)
+    lines = [
+        f"### {name}: {len(reqs)} requests, {tokens} output tokens, batch {args.batch}",
+        "",
+        "| drafter | k | own history | + earlier, native store | + earlier, finished store |",
+        "|---|---|---|---|---|",
+    ]
+    for k in args.k:
+        for label, cls, kw in drafters:
+            t0 = time.perf_counter()
+            own = replay(reqs, cls(False, "native", **kw), batch=args.batch, k=k)
+            native = replay(reqs, cls(True, "native", **kw), batch=args.batch, k=k)
+            finished = replay(reqs, cls(True, "finished", **kw), batch=args.batch, k=k)
+            row = f"| {label} | {k} | {own:.4f} | {native:.4f} | {finished:.4f} |"
+            print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            lines.append(row)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out is not None:
+        with open(args.out, "a") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
