@@ -18,7 +18,7 @@ every drafter. Reported: tokens per step (output tokens / decode steps) for
 each with the own history only and with earlier requests, in two store settings:
 ``native`` (SuffixDecoding's: every request's response, growing live) and ``finished``
 (prompt + output of finished requests, this library's corpus). ``--out FILE.md`` appends
-the table.
+the table and writes a plot beside it (``FILE-<stream>.png``).
 """
 
 from __future__ import annotations
@@ -199,6 +199,37 @@ def suffix_decoding_path() -> str | None:
     return run.stdout.strip().splitlines()[-1]
 
 
+def plot(rows, path: Path, title: str) -> None:
+    """Grouped bars: tokens per step per drafter, one group per (k, setting)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = ("own history", "+ earlier, native", "+ earlier, finished")
+    ks = sorted({k for _, k, _ in rows})
+    labels = list(dict.fromkeys(label for label, _, _ in rows))
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(ks) * len(settings), 4.5))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        xs, ys = [], []
+        for g, (k, setting) in enumerate((k, s) for k in ks for s in range(len(settings))):
+            for lab, kk, values in rows:
+                if lab == label and kk == k:
+                    xs.append(g + (i - (len(labels) - 1) / 2) * width)
+                    ys.append(values[setting])
+        ax.bar(xs, ys, width, label=label)
+    groups = [f"k={k}\n{s}" for k in ks for s in settings]
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.set_ylabel("tokens per step (greedy oracle)")
+    ax.set_ylim(1.0, None)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stream", choices=["stdlib", "git"], default="stdlib")
@@ -207,6 +238,7 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=711, help="stdlib: modules replayed")
     p.add_argument("--max-output", type=int, default=2048)
     p.add_argument("--factors", type=float, nargs="+", default=[1.0, 4.0])
+    p.add_argument("--drafters", default="longest,suffix,frequency", help="which to run")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.stream == "stdlib":
@@ -215,12 +247,14 @@ def main(argv=None) -> int:
     else:
         reqs = git_requests(DEFAULT_COMMITS, args.max_output)
         name = f"code edits, git {DEFAULT_COMMITS}"
-    drafters = [("longest", Longest, {})]
-    peer = suffix_decoding_path()
+    chosen = set(args.drafters.split(","))
+    drafters = [("longest", Longest, {})] if "longest" in chosen else []
+    peer = suffix_decoding_path() if "suffix" in chosen else None
     if peer is not None:
         sys.path.insert(0, peer)
         drafters += [(f"suffix f={f:g}", Suffix, {"factor": f}) for f in args.factors]
-    drafters += [(f"frequency f={f:g}", Frequency, {"factor": f}) for f in args.factors]
+    if "frequency" in chosen:
+        drafters += [(f"frequency f={f:g}", Frequency, {"factor": f}) for f in args.factors]
     tokens = sum(len(o) for _, _, o in reqs)
     lines = [
         f"### {name}: {len(reqs)} requests, {tokens} output tokens, batch {args.batch}",
@@ -228,6 +262,7 @@ def main(argv=None) -> int:
         "| drafter | k | own history | + earlier, native store | + earlier, finished store |",
         "|---|---|---|---|---|",
     ]
+    rows = []
     for k in args.k:
         for label, cls, kw in drafters:
             t0 = time.perf_counter()
@@ -237,11 +272,13 @@ def main(argv=None) -> int:
             row = f"| {label} | {k} | {own:.4f} | {native:.4f} | {finished:.4f} |"
             print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
             lines.append(row)
+            rows.append((label, k, (own, native, finished)))
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
         with open(args.out, "a") as f:
             f.write(text + "\n")
+        plot(rows, args.out.with_name(f"{args.out.stem}-{args.stream}.png"), lines[0][4:])
     return 0
 
 
