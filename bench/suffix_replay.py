@@ -4,8 +4,9 @@
 stream (``examples/corpus_replay.py``'s: the stdlib modules of the running Python, or code
 edits of this repository over a pinned commit range) with a perfect greedy oracle: per
 step a request accepts the longest draft prefix that equals its true continuation and
-emits one more token. Requests are admitted in order, ``--batch`` at a time, the same for
-every drafter. Reported: tokens per step (output tokens / decode steps) for
+emits one more token. Requests are admitted in order, at most ``--batch`` in flight (a
+freed slot takes the next), the same for every drafter; in a step every request proposes,
+then every one commits. Reported: tokens per step (output tokens / decode steps) for
 
 - ``longest``: ``ngram_propose`` today (n in 2..5, first occurrence; the corpus: finished
   prompt + output);
@@ -15,7 +16,7 @@ every drafter. Reported: tokens per step (output tokens / decode steps) for
 - ``frequency``: the prototype of ``scoring="frequency"`` (``bench/baselines/
   frequency_prototype.py``), same factors;
 
-each with the own history only and with earlier requests, in two store settings:
+each with its own history only and with earlier requests, in two store settings:
 ``native`` (SuffixDecoding's: every request's response, growing live) and ``finished``
 (prompt + output of finished requests, this library's corpus). ``--out FILE.md`` appends
 the table and writes a plot beside it (``FILE-<stream>.png``).
@@ -41,7 +42,11 @@ from examples.corpus_replay import DEFAULT_COMMITS, git_requests, stdlib_request
 
 
 def replay(reqs, drafter, *, batch: int, k: int) -> float:
-    """Tokens per step of ``drafter`` on ``reqs`` under the greedy oracle."""
+    """Tokens per step of ``drafter`` on ``reqs`` under the greedy oracle.
+
+    At most ``batch`` requests in flight, a freed slot taking the next request. A step is
+    an engine's: every live request proposes, then every one commits (and a finished one
+    leaves), so no request sees another's tokens of the same step."""
     slot_req, hist, L = [-1] * batch, [None] * batch, [0] * batch
     nxt, out_tokens, steps = 0, 0, 0
 
@@ -57,11 +62,10 @@ def replay(reqs, drafter, *, batch: int, k: int) -> float:
     for s in range(batch):
         admit(s)
     while any(r >= 0 for r in slot_req):
-        for s in range(batch):
-            if slot_req[s] < 0:
-                continue
-            h, n = hist[s], L[s]
-            drafts = drafter.propose(s, h, n, k)
+        live = [s for s in range(batch) if slot_req[s] >= 0]
+        proposals = {s: drafter.propose(s, hist[s], L[s], k) for s in live}
+        for s in live:
+            h, n, drafts = hist[s], L[s], proposals[s]
             acc = 0
             while acc < len(drafts) and n + acc < h.shape[0] and drafts[acc] == h[n + acc]:
                 acc += 1
@@ -69,14 +73,18 @@ def replay(reqs, drafter, *, batch: int, k: int) -> float:
             drafter.commit(s, h, n, L[s])
             out_tokens += L[s] - n
             steps += 1
-            if L[s] >= h.shape[0]:
-                drafter.finish(s, h)
+        for s in live:
+            if L[s] >= hist[s].shape[0]:
+                drafter.finish(s, hist[s])
                 admit(s)
     return out_tokens / steps
 
 
 class Longest:
-    """``ngram_propose`` as it is (one row per call; the corpus gets finished requests)."""
+    """``ngram_propose`` as it is (one row per call; the corpus gets finished requests:
+    it has no live store, so ``main`` runs it in the finished setting only)."""
+
+    stores = ("finished",)
 
     def __init__(self, shared: bool, store: str, min_n: int = 2, max_n: int = 5):
         import torch
@@ -146,25 +154,24 @@ class Suffix:
 
 
 class Frequency:
-    """The prototype: a count table per request and one shared, combined as SuffixDecoding
-    combines its trees."""
+    """The prototype: a count table per request and one shared (sized for
+    ``shared_positions`` appended positions), combined as SuffixDecoding combines its
+    trees."""
 
     def __init__(self, shared: bool, store: str, factor: float = 1.0, D: int = 64,
-                 shared_log2: int = 26):  # fmt: skip
+                 shared_positions: int = 1 << 20):  # fmt: skip
         self.D, self.factor, self.shared, self.live = D, factor, shared, store == "native"
-        self.glob = fp.new_table(shared_log2) if shared else None
+        self.glob = fp.new_table(fp.capacity_for(shared_positions, D)) if shared else None
         self.own, self.prompt_len = {}, {}
-        self.out, self.tmp = np.zeros(64, np.int32), np.zeros(64, np.int32)
+        self.out, self.tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
 
     def admit(self, s, h, n):
         self.own[s], self.prompt_len[s] = fp.new_table(fp.capacity_for(h.shape[0], self.D)), n
         for p in range(n):
-            fp.append(*self.own[s], h, 0, p, self.D, 1.0)
+            fp.append(*self.own[s], h, 0, p, self.D)
 
     def _draft(self, table, h, n, k):
-        t, score, _ = fp.propose(
-            (table,), np.ones(1), h, n, self.D, k, self.factor, 0.0, 0.1, self.out, self.tmp
-        )
+        t, score = fp.propose(*table, h, n, self.D, k, self.factor, 0.1, self.out, self.tmp)
         return self.out[:t].tolist(), score
 
     def propose(self, s, h, n, k):
@@ -176,15 +183,15 @@ class Frequency:
 
     def commit(self, s, h, n0, n1):
         for p in range(n0, n1):
-            fp.append(*self.own[s], h, 0, p, self.D, 1.0)
+            fp.append(*self.own[s], h, 0, p, self.D)
             if self.shared and self.live:
-                fp.append(*self.glob, h, self.prompt_len[s], p, self.D, 1.0)
+                fp.append(*self.glob, h, self.prompt_len[s], p, self.D)
 
     def finish(self, s, h):
         del self.own[s]
         if self.shared and not self.live:
             for p in range(h.shape[0]):
-                fp.append(*self.glob, h, 0, p, self.D, 1.0)
+                fp.append(*self.glob, h, 0, p, self.D)
 
 
 def suffix_decoding_path() -> str | None:
@@ -248,13 +255,19 @@ def main(argv=None) -> int:
         reqs = git_requests(DEFAULT_COMMITS, args.max_output)
         name = f"code edits, git {DEFAULT_COMMITS}"
     chosen = set(args.drafters.split(","))
+    if chosen - {"longest", "suffix", "frequency"}:
+        p.error(f"unknown drafters {sorted(chosen - {'longest', 'suffix', 'frequency'})}")
     drafters = [("longest", Longest, {})] if "longest" in chosen else []
     peer = suffix_decoding_path() if "suffix" in chosen else None
     if peer is not None:
-        sys.path.insert(0, peer)
+        sys.path.append(peer)
         drafters += [(f"suffix f={f:g}", Suffix, {"factor": f}) for f in args.factors]
     if "frequency" in chosen:
-        drafters += [(f"frequency f={f:g}", Frequency, {"factor": f}) for f in args.factors]
+        positions = sum(len(p) + len(o) for _, p, o in reqs)
+        drafters += [
+            (f"frequency f={f:g}", Frequency, {"factor": f, "shared_positions": positions})
+            for f in args.factors
+        ]
     tokens = sum(len(o) for _, _, o in reqs)
     lines = [
         f"### {name}: {len(reqs)} requests, {tokens} output tokens, batch {args.batch}",
@@ -266,10 +279,16 @@ def main(argv=None) -> int:
     for k in args.k:
         for label, cls, kw in drafters:
             t0 = time.perf_counter()
-            own = replay(reqs, cls(False, "native", **kw), batch=args.batch, k=k)
-            native = replay(reqs, cls(True, "native", **kw), batch=args.batch, k=k)
-            finished = replay(reqs, cls(True, "finished", **kw), batch=args.batch, k=k)
+            stores = getattr(cls, "stores", ("native", "finished"))
+            own = replay(reqs, cls(False, stores[0], **kw), batch=args.batch, k=k)
+            native, finished = (
+                replay(reqs, cls(True, store, **kw), batch=args.batch, k=k)
+                if store in stores
+                else float("nan")
+                for store in ("native", "finished")
+            )
             row = f"| {label} | {k} | {own:.4f} | {native:.4f} | {finished:.4f} |"
+            row = row.replace("| nan |", "| n/a |")
             print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
             lines.append(row)
             rows.append((label, k, (own, native, finished)))

@@ -31,7 +31,11 @@ def check_tensor(
     """Check that ``t`` is a tensor with the given dtype(s), ndim and (optionally) device."""
     if (  # the common case, answered in a few attribute reads (a call's fixed cost)
         type(t) is torch.Tensor
-        and (t.dtype is dtype if type(dtype) is torch.dtype else t.dtype in dtype)
+        and (
+            t.dtype is dtype
+            if type(dtype) is torch.dtype
+            else type(dtype) is tuple and t.dtype in dtype
+        )
         and t.dim() == ndim
         and (device is None or t.device == device)
     ):

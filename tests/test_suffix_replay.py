@@ -13,21 +13,28 @@ from bench import suffix_replay
 from bench.baselines import frequency_prototype as fp
 
 
-def _brute_force(seq, D, k, factor, min_prob):
-    """The semantics by counting occurrences in ``seq``: returns the drafts."""
+def _brute_force(docs, seq, D, k, factor, min_prob):
+    """The semantics by counting occurrences: contexts lie inside one document (``docs``
+    earlier documents, then ``seq``, the request's history); returns the drafts."""
     L = len(seq)
+    all_docs = [list(d) for d in docs] + [list(seq)]
 
-    def occurrences(c):  # end positions of c in seq
+    def occurrences(c):  # (document, end position) of c, documents in append order
         m = len(c)
-        return [i + m - 1 for i in range(L - m + 1) if tuple(seq[i : i + m]) == c]
+        return [
+            (di, i + m - 1)
+            for di, d in enumerate(all_docs)
+            for i in range(len(d) - m + 1)
+            if tuple(d[i : i + m]) == c
+        ]
 
     def best_child(c):
         stats = {}
-        for end in occurrences(c):
-            if end + 1 < L and len(c) < D:
-                x = seq[end + 1]
-                n, _ = stats.get(x, (0, -1))
-                stats[x] = (n + 1, end + 1)  # count, end of the most recent occurrence
+        for di, end in occurrences(c):
+            d = all_docs[di]
+            if end + 1 < len(d) and len(c) < D:
+                n, _ = stats.get(d[end + 1], (0, None))
+                stats[d[end + 1]] = (n + 1, (di, end + 1))  # count, the latest occurrence
         if not stats:
             return None, 0
         x = max(stats, key=lambda t: stats[t])
@@ -55,42 +62,85 @@ def _brute_force(seq, D, k, factor, min_prob):
     return best
 
 
-@pytest.mark.parametrize("seed", range(40))
+def _prototype(docs, seq, D, k, factor, min_prob):
+    """The prototype's drafts: every document appended to one table, then the history."""
+    flat = np.concatenate([np.asarray(d, np.int32) for d in [*docs, seq]])
+    table = fp.new_table(fp.capacity_for(len(flat), D))
+    start = 0
+    for d in [*docs, seq]:  # one buffer, each document counted from its own start
+        for p in range(start, start + len(d)):
+            fp.append(*table, flat, start, p, D)
+        start += len(d)
+    hist = np.asarray(seq, np.int32)
+    out, tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
+    t, _ = fp.propose(*table, hist, len(seq), D, k, factor, min_prob, out, tmp)
+    return out[:t].tolist()
+
+
+@pytest.mark.parametrize("seed", range(60))
 def test_frequency_prototype_equals_brute_force(seed):
+    """One request's history alone (seeds < 30), or after earlier documents in the same
+    table (contexts never cross a document boundary)."""
     rng = np.random.default_rng(seed)
-    L, V = int(rng.integers(1, 60)), int(rng.integers(1, 5))
+    V = int(rng.integers(1, 5))
+    n_docs = 0 if seed < 30 else int(rng.integers(1, 4))
+    docs = [rng.integers(0, V, int(rng.integers(1, 25))).tolist() for _ in range(n_docs)]
+    seq = rng.integers(0, V, int(rng.integers(1, 50))).tolist()
     D, k = int(rng.integers(1, 9)), int(rng.integers(1, 8))
     factor, min_prob = float(rng.choice([0.5, 1.0, 4.0])), float(rng.choice([0.0, 0.1, 0.4]))
-    seq = rng.integers(0, V, L).astype(np.int32)
-    table = fp.new_table(fp.capacity_for(L, D))
-    for p in range(L):
-        fp.append(*table, seq, 0, p, D, 1.0)
-    out, tmp = np.zeros(16, np.int32), np.zeros(16, np.int32)
-    t, _, _ = fp.propose((table,), np.ones(1), seq, L, D, k, factor, 0.0, min_prob, out, tmp)
-    assert out[:t].tolist() == _brute_force(seq.tolist(), D, k, factor, min_prob)
+    assert _prototype(docs, seq, D, k, factor, min_prob) == _brute_force(
+        docs, seq, D, k, factor, min_prob
+    )
 
 
-def test_replay_counts_tokens_per_step():
-    """A drafter that always proposes the truth emits k + 1 tokens a step (the last step
-    of a request: what is left); one that never drafts, one."""
+def test_a_full_prototype_table_raises():
+    table = fp.new_table(2)  # 4 slots
+    seq = np.arange(10, dtype=np.int32)
+    with pytest.raises(ValueError, match="table is full"):
+        for p in range(10):
+            fp.append(*table, seq, 0, p, 1)
 
-    class Perfect:
-        def admit(self, s, h, n):
-            pass
 
-        def propose(self, s, h, n, k):
-            return h[n : n + k].tolist()
+class _Truth:
+    """Drafts the first ``right`` true tokens, then ``wrong`` wrong ones (past the end of
+    the request too), and records the order of its calls."""
 
-        def commit(self, s, h, n0, n1):
-            pass
+    def __init__(self, right, wrong):
+        self.right, self.wrong, self.calls = right, wrong, []
 
-        def finish(self, s, h):
-            pass
+    def admit(self, s, h, n):
+        self.calls.append(("admit", s))
 
-    class Empty(Perfect):
-        def propose(self, s, h, n, k):
-            return []
+    def propose(self, s, h, n, k):
+        self.calls.append(("propose", s))
+        truth = h[n : n + self.right].tolist()
+        return (truth + [-5] * self.wrong)[:k]
 
+    def commit(self, s, h, n0, n1):
+        self.calls.append(("commit", s))
+
+    def finish(self, s, h):
+        self.calls.append(("finish", s))
+
+
+def test_replay_counts_accepted_drafts_and_steps():
     reqs = [("a", [1, 2], list(range(10))), ("b", [3], list(range(7)))]
-    assert suffix_replay.replay(reqs, Empty(), batch=2, k=4) == 1.0
-    assert suffix_replay.replay(reqs, Perfect(), batch=1, k=4) == 17 / (2 + 2)
+    # never drafts: one token a step; always right: k + 1 a step, the last step what is left
+    assert suffix_replay.replay(reqs, _Truth(0, 0), batch=2, k=4) == 1.0
+    assert suffix_replay.replay(reqs, _Truth(9, 0), batch=1, k=4) == 17 / (2 + 2)
+    # two right, then wrong: 3 tokens a step (10 -> 3+3+3+1, 7 -> 3+3+1)
+    assert suffix_replay.replay(reqs, _Truth(2, 3), batch=2, k=4) == 17 / (4 + 3)
+
+
+def test_replay_steps_are_propose_all_then_commit_all():
+    """As an engine steps: every live request proposes, then each commits; finished ones
+    leave (and free slots take the next request) after all commits of the step."""
+    reqs = [("a", [1], [2, 3]), ("b", [1], [2, 3]), ("c", [1], [2])]
+    d = _Truth(0, 0)
+    suffix_replay.replay(reqs, d, batch=2, k=2)
+    step = [("propose", 0), ("propose", 1), ("commit", 0), ("commit", 1)]
+    assert d.calls == [
+        ("admit", 0), ("admit", 1), *step, *step,
+        ("finish", 0), ("admit", 0), ("finish", 1),
+        ("propose", 0), ("commit", 0), ("finish", 0),
+    ]  # fmt: skip

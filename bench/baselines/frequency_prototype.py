@@ -3,22 +3,25 @@
 NOT the op and not its structure: a numba model of the semantics the issue states, so the
 drafting benchmark (``bench/suffix_replay.py``) can compare them with SuffixDecoding on
 the same streams before the device structure is designed. Contexts are keyed by a 64-bit
-polynomial hash, so it is exact only up to hash collisions; tables are unbounded in
-spirit (sized by the caller, open addressing; no eviction).
+polynomial hash, so it is exact only up to hash collisions; a table is sized by the
+caller (``capacity_for``) and never evicts; a full table raises instead of looping.
 
 Model: for every context ``c`` (the tokens ``[p-m+1, p]`` of a document, ``1 <= m <= D``,
-never across a document boundary) a weighted count (occurrences, including those with no
+never across a document boundary) a count (occurrences, including those with no
 continuation, such as a request's live tail) and its most frequent continuation (the
 child ``c + x`` of largest count; ties: the child counted last, i.e. of the most recent
 occurrence). Appending a position updates its ``D`` contexts and their parents' best
 child, which stays exact while counts only grow. A draft from the request's last ``m``
-tokens follows the best continuation while the running product of ``count(child) /
-count(node)`` stays ``>= min_prob`` and its length stays ``<= min(k, floor(factor * m +
-offset), D - m)``; of the match lengths, the largest score (sum of the products) wins,
-ties to the longer match (SuffixDecoding's ``_speculate_path`` and ``speculate``).
+tokens (``1 <= m < min(D, L)``: as in SuffixDecoding, never the whole history) follows
+the best continuation while the running product of ``count(child) / count(node)`` stays
+``>= min_prob`` and its length stays ``<= min(k, floor(factor * m), D - m)``; of the match
+lengths, the largest score (sum of the products) wins, ties to the longer match
+(SuffixDecoding's ``_speculate_path`` and ``speculate``).
 """
 
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
@@ -28,20 +31,21 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 _SHIFT = np.uint64(20)
 
 
+def capacity_for(positions: int, D: int) -> int:
+    """``log2`` of a table size that holds every context of ``positions`` appended
+    positions at most 3/4 full (at most ``D`` contexts each)."""
+    return max(12, math.ceil(math.log2(D * positions * 4 / 3 + 16)))
+
+
 def new_table(log2_capacity: int) -> tuple[np.ndarray, ...]:
-    """``(keys, count, best, best_count)``; keep it under ~70% full (the caller's job)."""
+    """``(keys, count, best, best_count)``: 20 bytes a slot."""
     cap = 1 << log2_capacity
     return (
         np.zeros(cap, np.uint64),
-        np.zeros(cap, np.float64),
+        np.zeros(cap, np.int32),
         np.full(cap, -1, np.int32),
-        np.zeros(cap, np.float64),
+        np.zeros(cap, np.int32),
     )
-
-
-def capacity_for(tokens: int, D: int) -> int:
-    """``log2`` of a table size that holds every context of ``tokens`` positions."""
-    return max(12, int(np.ceil(np.log2(2 * D * tokens + 16))))
 
 
 @numba.njit(cache=True, inline="always")
@@ -51,10 +55,11 @@ def _tok(x):
 
 @numba.njit(cache=True)
 def _slot(keys, h, insert):
+    """The slot of key ``h`` (linear probing); -1 if absent and not ``insert``."""
     mask = np.uint64(keys.shape[0] - 1)
     k = h if h != 0 else np.uint64(1)  # 0 marks an empty slot
     i = ((k * _MIX) >> _SHIFT) & mask
-    while True:
+    for _ in range(keys.shape[0]):
         v = keys[i]
         if v == k:
             return np.int64(i)
@@ -64,11 +69,14 @@ def _slot(keys, h, insert):
                 return np.int64(i)
             return np.int64(-1)
         i = (i + np.uint64(1)) & mask
+    if insert:
+        raise ValueError("frequency prototype: the table is full (size it with capacity_for)")
+    return np.int64(-1)
 
 
 @numba.njit(cache=True)
-def append(keys, count, best, best_count, tokens, start, p, D, w):
-    """Count the contexts ending at ``tokens[p]`` (document from ``start``), weight ``w``."""
+def append(keys, count, best, best_count, tokens, start, p, D):
+    """Count the contexts ending at ``tokens[p]`` (a document that starts at ``start``)."""
     g = np.uint64(0)  # the parent: tokens[p-m+1 .. p-1]
     pw = np.uint64(1)
     x = tokens[p]
@@ -77,7 +85,7 @@ def append(keys, count, best, best_count, tokens, start, p, D, w):
         if q < start:
             break
         i = _slot(keys, g * P + _tok(x), True)
-        count[i] += w
+        count[i] += 1
         if m >= 2:
             j = _slot(keys, g, False)
             if j >= 0 and count[i] >= best_count[j]:
@@ -90,64 +98,42 @@ def append(keys, count, best, best_count, tokens, start, p, D, w):
 
 
 @numba.njit(cache=True)
-def _count(keys, count, h):
-    i = _slot(keys, h, False)
-    return count[i] if i >= 0 else 0.0
-
-
-@numba.njit(cache=True)
-def _chain(tabs, ws, h, node_count, max_len, min_prob, out):
-    """Follow the best continuation of context ``h`` (counts pooled over ``tabs`` with
-    weights ``ws``; candidates: each table's own best child)."""
+def _chain(keys, count, best, h, node_count, max_len, min_prob, out):
+    """Follow the best continuation of context ``h``: ``(length, score)``."""
     prob, score, t = 1.0, 0.0, 0
     while t < max_len:
-        bx, bc = -1, 0.0
-        for s in range(len(tabs)):
-            keys, count, best, _ = tabs[s]
-            i = _slot(keys, h, False)
-            x = best[i] if i >= 0 else -1
-            if x < 0 or x == bx:
-                continue
-            hx = h * P + _tok(x)
-            c = 0.0
-            for s2 in range(len(tabs)):
-                c += ws[s2] * _count(tabs[s2][0], tabs[s2][1], hx)
-            if c > bc:
-                bx, bc = x, c
-        if bx < 0:
+        i = _slot(keys, h, False)
+        x = best[i] if i >= 0 else -1
+        if x < 0:
             break
-        prob *= bc / node_count
+        hx = h * P + _tok(x)
+        c = count[_slot(keys, hx, False)]
+        prob *= c / node_count
         if prob < min_prob:
             break
-        out[t] = bx
+        out[t] = x
         score += prob
         t += 1
-        h = h * P + _tok(bx)
-        node_count = bc
+        h, node_count = hx, c
     return t, score
 
 
 @numba.njit(cache=True)
-def propose(tabs, ws, hist, L, D, k, factor, offset, min_prob, out, tmp):
-    """The best-scoring draft for the history ``hist[:L]``: ``(length, score, match length)``."""
-    best_t, best_score, best_m = 0, 0.0, 0
+def propose(keys, count, best, best_count, hist, L, D, k, factor, min_prob, out, tmp):
+    """The best-scoring draft for the history ``hist[:L]`` into ``out``: ``(length,
+    score)``. ``out`` and ``tmp`` hold at least ``min(k, D)`` tokens."""
+    best_t, best_score = 0, 0.0
     h = np.uint64(0)
     pw = np.uint64(1)
     for m in range(1, min(D, L)):
         h = _tok(hist[L - m]) * pw + h
         pw = pw * P
-        c, alive = 0.0, False
-        for s in range(len(tabs)):
-            keys, count, _, best_count = tabs[s]
-            i = _slot(keys, h, False)
-            if i >= 0:
-                c += ws[s] * count[i]
-                alive = alive or best_count[i] > 0
-        if not alive:  # no continuation here, so none for any longer context either
+        i = _slot(keys, h, False)
+        if i < 0 or best_count[i] == 0:  # no continuation, so none for longer contexts
             break
-        max_len = min(k, int(m * factor + offset + 1e-6), D - m)
-        t, score = _chain(tabs, ws, h, c, max_len, min_prob, tmp)
+        max_len = min(k, int(m * factor + 1e-6), D - m)
+        t, score = _chain(keys, count, best, h, count[i], max_len, min_prob, tmp)
         if t > 0 and score >= best_score:
-            best_t, best_score, best_m = t, score, m
+            best_t, best_score = t, score
             out[:t] = tmp[:t]
-    return best_t, best_score, best_m
+    return best_t, best_score
