@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         sys.path.append(peer)
         drafters += [(f"suffix f={f:g}", Suffix, {"factor": f}) for f in args.factors]
     if "frequency" in chosen:
-        positions = sum(len(p) + len(o) for _, p, o in reqs)
+        positions = sum(len(prompt) + len(out) for _, prompt, out in reqs)
         drafters += [
             (f"frequency f={f:g}", Frequency, {"factor": f, "shared_positions": positions})
             for f in args.factors
