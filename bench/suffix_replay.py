@@ -167,8 +167,7 @@ class Frequency:
 
     def admit(self, s, h, n):
         self.own[s], self.prompt_len[s] = fp.new_table(fp.capacity_for(h.shape[0], self.D)), n
-        for p in range(n):
-            fp.append(*self.own[s], h, 0, p, self.D)
+        fp.extend(*self.own[s], h, 0, 0, n, self.D)
 
     def _draft(self, table, h, n, k):
         t, score = fp.propose(*table, h, n, self.D, k, self.factor, 0.1, self.out, self.tmp)
@@ -182,16 +181,14 @@ class Frequency:
         return draft
 
     def commit(self, s, h, n0, n1):
-        for p in range(n0, n1):
-            fp.append(*self.own[s], h, 0, p, self.D)
-            if self.shared and self.live:
-                fp.append(*self.glob, h, self.prompt_len[s], p, self.D)
+        fp.extend(*self.own[s], h, 0, n0, n1, self.D)
+        if self.shared and self.live:  # the response only, as its own document
+            fp.extend(*self.glob, h, self.prompt_len[s], n0, n1, self.D)
 
     def finish(self, s, h):
         del self.own[s]
         if self.shared and not self.live:
-            for p in range(h.shape[0]):
-                fp.append(*self.glob, h, 0, p, self.D)
+            fp.extend(*self.glob, h, 0, 0, h.shape[0], self.D)
 
 
 def suffix_decoding_path() -> str | None:

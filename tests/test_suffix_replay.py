@@ -68,8 +68,7 @@ def _prototype(docs, seq, D, k, factor, min_prob):
     table = fp.new_table(fp.capacity_for(len(flat), D))
     start = 0
     for d in [*docs, seq]:  # one buffer, each document counted from its own start
-        for p in range(start, start + len(d)):
-            fp.append(*table, flat, start, p, D)
+        fp.extend(*table, flat, start, start, start + len(d), D)
         start += len(d)
     hist = np.asarray(seq, np.int32)
     out, tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)

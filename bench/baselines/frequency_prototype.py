@@ -98,6 +98,13 @@ def append(keys, count, best, best_count, tokens, start, p, D):
 
 
 @numba.njit(cache=True)
+def extend(keys, count, best, best_count, tokens, start, p0, p1, D):
+    """``append`` every position ``p0 <= p < p1`` of a document that starts at ``start``."""
+    for p in range(p0, p1):
+        append(keys, count, best, best_count, tokens, start, p, D)
+
+
+@numba.njit(cache=True)
 def _chain(keys, count, best, h, node_count, max_len, min_prob, out):
     """Follow the best continuation of context ``h``: ``(length, score)``."""
     prob, score, t = 1.0, 0.0, 0
