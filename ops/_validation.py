@@ -109,9 +109,12 @@ def check_n_range(min_n: object, max_n: object) -> None:
         raise ValueError(f"min_n must be <= max_n, got min_n={min_n}, max_n={max_n}")
 
 
-def check_state_tensor(name: str, t: object, **kw) -> torch.Tensor:
-    """:func:`check_tensor` for a tensor of a state object, which must also be contiguous."""
-    t = check_tensor(name, t, **kw)
+def check_state_tensor(
+    name: str, t: object, *, dtype: torch.dtype, ndim: int, device: torch.device
+) -> torch.Tensor:
+    """:func:`check_tensor` for a tensor of a state object, which must also be contiguous
+    (keywords spelled out: a ``**kw`` pass-through costs a call's fixed cost ~0.4 us)."""
+    t = check_tensor(name, t, dtype=dtype, ndim=ndim, device=device)
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (it is state updated in place)")
     return t

@@ -100,8 +100,9 @@ def check_corpus(corpus: object, device: torch.device) -> Corpus:
     if not isinstance(corpus, Corpus):
         raise ValueError(f"corpus must be a Corpus (new_corpus), got {type(corpus).__name__}")
     check_n_range(corpus.min_n, corpus.max_n)
-    kw = dict(ndim=1, device=device)
-    tokens = check_state_tensor("corpus.tokens", corpus.tokens, dtype=torch.int32, **kw)
+    tokens = check_state_tensor(
+        "corpus.tokens", corpus.tokens, dtype=torch.int32, ndim=1, device=device
+    )
     C = tokens.shape[0]
     if C < 1:
         raise ValueError("corpus.tokens must hold at least one token slot")
@@ -116,7 +117,9 @@ def check_corpus(corpus: object, device: torch.device) -> Corpus:
             f"corpus.index must have shape ({N}, H >= 1) (max_n - min_n + 1), got "
             f"{tuple(index.shape)}"
         )
-    state = check_state_tensor("corpus.state", corpus.state, dtype=torch.int64, **kw)
+    state = check_state_tensor(
+        "corpus.state", corpus.state, dtype=torch.int64, ndim=1, device=device
+    )
     check_shape("corpus.state", state, (2,), "(end, lo)")
     return corpus
 

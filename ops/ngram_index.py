@@ -101,25 +101,28 @@ def check_index(index: object, token_ids: torch.Tensor) -> NgramIndex:
         raise ValueError(
             f"index must be an NgramIndex (new_ngram_index), got {type(index).__name__}"
         )
-    check_n_range(index.min_n, index.max_n)
+    min_n, max_n = index.min_n, index.max_n
+    check_n_range(min_n, max_n)
     R, L_max = token_ids.shape
     device = token_ids.device
     table = check_state_tensor("index.table", index.table, dtype=torch.int32, ndim=4, device=device)
-    N = index.max_n - index.min_n + 1
-    if table.shape[0] != R or table.shape[1] != N or table.shape[3] != 2:
+    N = max_n - min_n + 1
+    rows, n_range, slots, pair = table.shape
+    if rows != R or n_range != N or pair != 2:
         raise ValueError(
             f"index.table must have shape ({R}, {N}, S, 2) (rows of token_ids, max_n - min_n + 1), "
             f"got {tuple(table.shape)}"
         )
-    if table.shape[2] < max(L_max, 1):
+    if slots < max(L_max, 1):
         raise ValueError(
             f"index.table must have S >= token_ids.shape[1] ({L_max}) slots per row and n so "
-            f"that it stays exact when full, got S = {table.shape[2]}"
+            f"that it stays exact when full, got S = {slots}"
         )
     length = check_state_tensor(
         "index.length", index.length, dtype=torch.int32, ndim=1, device=device
     )
-    check_shape("index.length", length, (R,), "one length per row of token_ids")
+    if length.shape[0] != R:
+        check_shape("index.length", length, (R,), "one length per row of token_ids")
     return index
 
 
