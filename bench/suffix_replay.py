@@ -1,8 +1,10 @@
 """Draft quality on replayed request streams: this library vs SuffixDecoding (issue 19).
 
-``python -m bench.suffix_replay [--stream stdlib|git] [-k 4 8 16] [--requests N]`` replays a
-stream (``examples/corpus_replay.py``'s: the stdlib modules of the running Python, or code
-edits of this repository over a pinned commit range) with a perfect greedy oracle: per
+``python -m bench.suffix_replay [--stream stdlib|git|botocore] [-k 4 8 16] [--requests N]``
+replays a stream (``examples/corpus_replay.py``'s: the stdlib modules of the running Python,
+or code edits of this repository over a pinned commit range; or ``botocore``: the AWS API
+models of botocore 1.35.99, JSON documents of one schema, as a structured-output stream,
+see :func:`botocore_requests`) with a perfect greedy oracle: per
 step a request accepts the longest draft prefix that equals its true continuation and
 emits one more token. Requests are admitted in order, at most ``--batch`` in flight (a
 freed slot takes the next), the same for every drafter; in a step every request proposes,
@@ -25,10 +27,13 @@ the table and writes a plot beside it (``FILE-<stream>.png``).
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import os
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +43,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.baselines import frequency_prototype as fp  # noqa: E402
-from examples.corpus_replay import DEFAULT_COMMITS, git_requests, stdlib_requests  # noqa: E402
+from examples.corpus_replay import (  # noqa: E402
+    DEFAULT_COMMITS,
+    _ids,
+    git_requests,
+    stdlib_requests,
+)
+
+BOTOCORE = "botocore==1.35.99"
+BOTOCORE_WHEEL = "botocore-1.35.99-py3-none-any.whl"
+BOTOCORE_SHA256 = "b22d27b6b617fc2d7342090d6129000af2efd20174215948c0d7ae2da0fab445"
 
 
 def replay(reqs, drafter, *, batch: int, k: int) -> float:
@@ -191,6 +205,43 @@ class Frequency:
             fp.extend(*self.glob, h, 0, 0, h.shape[0], self.D)
 
 
+def botocore_wheel() -> Path:
+    """botocore's pinned wheel, downloaded once (``pip download``, no install) into
+    ``$SPECDEC_CACHE`` (default ``~/.cache/specdec-kernels``) and checked by its sha256."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec-kernels"
+    cache = Path(os.environ.get("SPECDEC_CACHE", default)) / "streams"
+    wheel = cache / BOTOCORE_WHEEL
+    if not wheel.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(cache), BOTOCORE],
+            check=True,
+        )
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if digest != BOTOCORE_SHA256:
+        raise SystemExit(f"{wheel}: sha256 {digest}, expected {BOTOCORE_SHA256}")
+    return wheel
+
+
+def botocore_requests(prompt_lines: int, max_output: int, count: int):
+    """(name, prompt ids, output ids) for the first ``count`` AWS service models of
+    botocore 1.35.99 (``botocore/data/<service>/<version>/service-2.json.gz``, in path
+    order): the prompt is the first ``prompt_lines`` lines (the format version and the
+    service's metadata), the output the rest: operations and shapes, one JSON schema
+    written by other people for every service, the way structured outputs resemble each
+    other. Tokenised as the other streams (``bench/data.py``)."""
+    cache: dict[str, int] = {}
+    reqs = []
+    with zipfile.ZipFile(botocore_wheel()) as z:
+        models = sorted(n for n in z.namelist() if n.endswith("/service-2.json.gz"))
+        for name in models[:count]:
+            lines = gzip.decompress(z.read(name)).decode("utf-8").splitlines(keepends=True)
+            prompt = _ids("".join(lines[:prompt_lines]), cache)
+            output = _ids("".join(lines[prompt_lines:]), cache)[:max_output]
+            reqs.append((name.split("/")[2], prompt, output))
+    return reqs
+
+
 def suffix_decoding_path() -> str | None:
     """The built peer's folder (``bench/baselines/suffix_decoding.sh``), or None if it
     cannot be built here."""
@@ -236,10 +287,12 @@ def plot(rows, path: Path, title: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--stream", choices=["stdlib", "git"], default="stdlib")
+    p.add_argument("--stream", choices=["stdlib", "git", "botocore"], default="stdlib")
     p.add_argument("-k", type=int, nargs="+", default=[4])
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--requests", type=int, default=711, help="stdlib: modules replayed")
+    p.add_argument(
+        "--requests", type=int, default=711, help="stdlib / botocore: modules / models replayed"
+    )
     p.add_argument("--max-output", type=int, default=2048)
     p.add_argument("--factors", type=float, nargs="+", default=[1.0, 4.0])
     p.add_argument("--drafters", default="longest,suffix,frequency", help="which to run")
@@ -248,6 +301,9 @@ def main(argv=None) -> int:
     if args.stream == "stdlib":
         reqs = stdlib_requests(8, args.max_output, args.requests)
         name = f"stdlib modules (Python {sys.version.split()[0]}, first {len(reqs)} by path)"
+    elif args.stream == "botocore":
+        reqs = botocore_requests(14, args.max_output, args.requests)
+        name = f"AWS API models ({BOTOCORE}, first {len(reqs)} by path)"
     else:
         reqs = git_requests(DEFAULT_COMMITS, args.max_output)
         name = f"code edits, git {DEFAULT_COMMITS}"

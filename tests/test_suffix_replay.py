@@ -143,3 +143,29 @@ def test_replay_steps_are_propose_all_then_commit_all():
         ("finish", 0), ("admit", 0), ("finish", 1),
         ("propose", 0), ("commit", 0), ("finish", 0),
     ]  # fmt: skip
+
+
+def test_botocore_stream_splits_each_model_into_metadata_prompt_and_body(tmp_path, monkeypatch):
+    import gzip
+    import zipfile
+
+    wheel = tmp_path / "fake.whl"
+    docs = {
+        "botocore/data/b-svc/2020-01-01/service-2.json.gz": "l1\nl2\nbody b\n",
+        "botocore/data/a-svc/2019-01-01/service-2.json.gz": "m1\nm2\nbody a is longer\n",
+        "botocore/data/a-svc/2019-01-01/paginators-1.json": "not a model\n",
+    }
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in docs.items():
+            z.writestr(name, gzip.compress(text.encode()) if name.endswith(".gz") else text)
+    monkeypatch.setattr(suffix_replay, "botocore_wheel", lambda: wheel)
+
+    reqs = suffix_replay.botocore_requests(2, 3, 10)
+    assert [name for name, _, _ in reqs] == ["a-svc", "b-svc"]  # path order, models only
+    cache: dict[str, int] = {}
+    models = sorted(name for name in docs if name.endswith(".gz"))
+    for (_, prompt, output), key in zip(reqs, models, strict=True):
+        lines = docs[key].splitlines(keepends=True)
+        assert prompt == suffix_replay._ids("".join(lines[:2]), cache)
+        assert output == suffix_replay._ids("".join(lines[2:]), cache)[:3]
+    assert len(suffix_replay.botocore_requests(2, 3, 1)) == 1
