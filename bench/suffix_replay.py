@@ -17,6 +17,8 @@ then every one commits. Reported: tokens per step (output tokens / decode steps)
   ``max_spec_factor`` of ``--factors``;
 - ``frequency``: the prototype of ``scoring="frequency"`` (``bench/baselines/
   frequency_prototype.py``), same factors;
+- ``adaptive`` (with ``--drafters``): the prototype choosing the factor per request
+  online among 0.5, 1, 2, 4 (:class:`Adaptive`);
 
 each with its own history only and with earlier requests, in two store settings:
 ``native`` (SuffixDecoding's: every request's response, growing live) and ``finished``
@@ -79,10 +81,8 @@ def replay(reqs, drafter, *, batch: int, k: int) -> float:
         live = [s for s in range(batch) if slot_req[s] >= 0]
         proposals = {s: drafter.propose(s, hist[s], L[s], k) for s in live}
         for s in live:
-            h, n, drafts = hist[s], L[s], proposals[s]
-            acc = 0
-            while acc < len(drafts) and n + acc < h.shape[0] and drafts[acc] == h[n + acc]:
-                acc += 1
+            h, n = hist[s], L[s]
+            acc = accepted(proposals[s], h, n, h.shape[0])
             L[s] = n + min(acc + 1, h.shape[0] - n)
             drafter.commit(s, h, n, L[s])
             out_tokens += L[s] - n
@@ -205,6 +205,60 @@ class Frequency:
             fp.extend(*self.glob, h, 0, 0, h.shape[0], self.D)
 
 
+class Adaptive(Frequency):
+    """The prototype with the factor chosen per request, online, from ``factors``.
+
+    Every step drafts once per factor (the same counts and contexts: only the length cap
+    and so the choice of match differ). Once the history is known past a step's longest
+    draft (or the request ends), each factor is credited with the tokens its draft would
+    have had accepted: the greedy oracle's acceptance is a prefix match against committed
+    tokens, so every alternative is scored exactly, from committed tokens only, one to
+    ``k`` steps late. Credits decay by ``decay`` per scored step; the factor with the most
+    credit drafts (``factors[1]`` until one has any). One setting for every stream: what a
+    fixed factor cannot be when streams prefer different ones."""
+
+    def __init__(self, shared: bool, store: str, factors=(0.5, 1.0, 2.0, 4.0),
+                 decay: float = 0.999, **kw):  # fmt: skip
+        super().__init__(shared, store, factor=factors[0], **kw)
+        self.factors, self.decay = tuple(factors), decay
+        self.credit, self.pending = {}, {}
+
+    def admit(self, s, h, n):
+        super().admit(s, h, n)
+        self.credit[s], self.pending[s] = np.zeros(len(self.factors)), []
+
+    def propose(self, s, h, n, k):
+        drafts = []
+        for f in self.factors:
+            self.factor = f
+            drafts.append(Frequency.propose(self, s, h, n, k))
+        self.pending[s].append((n, drafts))
+        c = self.credit[s]
+        return drafts[int(np.argmax(c))] if c.any() else drafts[min(1, len(drafts) - 1)]
+
+    def commit(self, s, h, n0, n1):
+        super().commit(s, h, n0, n1)
+        waiting = []
+        for n, drafts in self.pending[s]:
+            if n + max(map(len, drafts)) > n1 and n1 < h.shape[0]:
+                waiting.append((n, drafts))  # not yet known how far each would match
+                continue
+            self.credit[s] = self.credit[s] * self.decay + [accepted(d, h, n, n1) for d in drafts]
+        self.pending[s] = waiting
+
+    def finish(self, s, h):
+        super().finish(s, h)
+        del self.credit[s], self.pending[s]
+
+
+def accepted(draft, h, n: int, n1: int) -> int:
+    """How many leading tokens of ``draft`` equal the committed ``h[n:n1]``."""
+    a = 0
+    while a < len(draft) and n + a < n1 and draft[a] == h[n + a]:
+        a += 1
+    return a
+
+
 def botocore_wheel() -> Path:
     """botocore's pinned wheel, downloaded once (``pip download``, no install) into
     ``$SPECDEC_CACHE`` (default ``~/.cache/specdec-kernels``) and checked by its sha256."""
@@ -308,19 +362,22 @@ def main(argv=None) -> int:
         reqs = git_requests(DEFAULT_COMMITS, args.max_output)
         name = f"code edits, git {DEFAULT_COMMITS}"
     chosen = set(args.drafters.split(","))
-    if chosen - {"longest", "suffix", "frequency"}:
-        p.error(f"unknown drafters {sorted(chosen - {'longest', 'suffix', 'frequency'})}")
+    known = {"longest", "suffix", "frequency", "adaptive"}
+    if chosen - known:
+        p.error(f"unknown drafters {sorted(chosen - known)}")
     drafters = [("longest", Longest, {})] if "longest" in chosen else []
     peer = suffix_decoding_path() if "suffix" in chosen else None
     if peer is not None:
         sys.path.append(peer)
         drafters += [(f"suffix f={f:g}", Suffix, {"factor": f}) for f in args.factors]
+    positions = sum(len(prompt) + len(out) for _, prompt, out in reqs)
     if "frequency" in chosen:
-        positions = sum(len(prompt) + len(out) for _, prompt, out in reqs)
         drafters += [
             (f"frequency f={f:g}", Frequency, {"factor": f, "shared_positions": positions})
             for f in args.factors
         ]
+    if "adaptive" in chosen:
+        drafters.append(("frequency adaptive", Adaptive, {"shared_positions": positions}))
     tokens = sum(len(o) for _, _, o in reqs)
     lines = [
         f"### {name}: {len(reqs)} requests, {tokens} output tokens, batch {args.batch}",

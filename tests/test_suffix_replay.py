@@ -169,3 +169,44 @@ def test_botocore_stream_splits_each_model_into_metadata_prompt_and_body(tmp_pat
         assert prompt == suffix_replay._ids("".join(lines[:2]), cache)
         assert output == suffix_replay._ids("".join(lines[2:]), cache)[:3]
     assert len(suffix_replay.botocore_requests(2, 3, 1)) == 1
+
+
+def _stream(seed, count=6):
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 6, 40).tolist()  # requests that repeat each other, edited
+    reqs = []
+    for i in range(count):
+        out = [t if rng.random() > 0.15 else int(rng.integers(0, 6)) for t in base]
+        reqs.append((str(i), rng.integers(0, 6, 3).tolist(), out[: 20 + 3 * i]))
+    return reqs
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_adaptive_with_one_factor_is_the_prototype_at_that_factor(seed, factor):
+    reqs = _stream(seed)
+    n = sum(len(p) + len(o) for _, p, o in reqs)
+    for shared, store in [(False, "native"), (True, "native"), (True, "finished")]:
+        fixed = suffix_replay.Frequency(shared, store, factor=factor, shared_positions=n)
+        adaptive = suffix_replay.Adaptive(shared, store, factors=(factor,), shared_positions=n)
+        want = suffix_replay.replay(reqs, fixed, batch=3, k=4)
+        assert suffix_replay.replay(reqs, adaptive, batch=3, k=4) == want
+
+
+def test_adaptive_credits_each_factor_once_its_draft_is_decided():
+    d = suffix_replay.Adaptive(False, "native", factors=(0.5, 1.0), decay=1.0)
+    h = np.asarray([1, 2, 3, 1, 2, 3, 1, 2, 9, 9], np.int32)
+    d.admit(0, h, 5)
+    drafts = []
+    for f in (0.5, 1.0):
+        d.factor = f
+        drafts.append(suffix_replay.Frequency.propose(d, 0, h, 5, 4))
+    assert len(drafts[0]) < len(drafts[1])  # the factor caps the length
+    assert d.propose(0, h, 5, 4) == drafts[1]  # no credit yet: factors[1]
+    d.commit(0, h, 5, 6)  # one token known: not enough to score the longer draft
+    assert d.credit[0].tolist() == [0, 0] and len(d.pending[0]) == 1
+    d.commit(0, h, 6, 10)
+    want = [suffix_replay.accepted(x, h, 5, 10) for x in drafts]
+    assert d.credit[0].tolist() == want and not d.pending[0]
+    assert suffix_replay.accepted([3, 1, 7], h, 5, 10) == 2
+    assert suffix_replay.accepted([3, 1, 2], h, 5, 7) == 2  # only committed tokens count
