@@ -6,6 +6,9 @@ stated rule towards the most recent, so their drafts differ by design.)"""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -161,7 +164,8 @@ def test_botocore_stream_splits_each_model_into_metadata_prompt_and_body(tmp_pat
     monkeypatch.setattr(suffix_replay, "botocore_wheel", lambda: wheel)
 
     reqs = suffix_replay.botocore_requests(2, 3, 10)
-    assert [name for name, _, _ in reqs] == ["a-svc", "b-svc"]  # path order, models only
+    # path order, models only
+    assert [name for name, _, _ in reqs] == ["a-svc/2019-01-01", "b-svc/2020-01-01"]
     cache: dict[str, int] = {}
     models = sorted(name for name in docs if name.endswith(".gz"))
     for (_, prompt, output), key in zip(reqs, models, strict=True):
@@ -210,3 +214,36 @@ def test_adaptive_credits_each_factor_once_its_draft_is_decided():
     assert d.credit[0].tolist() == want and not d.pending[0]
     assert suffix_replay.accepted([3, 1, 7], h, 5, 10) == 2
     assert suffix_replay.accepted([3, 1, 2], h, 5, 7) == 2  # only committed tokens count
+
+
+def test_adaptive_scores_mid_request_and_drafts_with_the_most_credited_factor():
+    d = suffix_replay.Adaptive(False, "native", factors=(0.5, 1.0), decay=1.0)
+    h = np.asarray([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 7, 7, 7, 7], np.int32)
+    d.admit(0, h, 5)
+    d.propose(0, h, 5, 4)
+    drafts = d.pending[0][0][1]
+    assert len(drafts[0]) < len(drafts[1])
+    n1 = 5 + max(map(len, drafts))
+    d.commit(0, h, 5, n1)  # decided before the request ends: scored now
+    assert n1 < len(h) and not d.pending[0]
+    assert d.credit[0].tolist() == [suffix_replay.accepted(x, h, 5, n1) for x in drafts]
+    d.credit[0][:] = [5.0, 1.0]  # the first factor leads: its draft is the one proposed
+    got = d.propose(0, h, n1, 4)
+    first, second = d.pending[0][-1][1]
+    assert got == first != second
+
+
+def test_botocore_wheel_keeps_only_a_download_with_the_pinned_sha256(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    payload = [b"not the wheel"]
+
+    def fake_pip(cmd, check):
+        (Path(cmd[cmd.index("-d") + 1]) / suffix_replay.BOTOCORE_WHEEL).write_bytes(payload[0])
+
+    monkeypatch.setattr(suffix_replay.subprocess, "run", fake_pip)
+    with pytest.raises(SystemExit, match="sha256"):
+        suffix_replay.botocore_wheel()
+    assert list((tmp_path / "streams").iterdir()) == []  # nothing kept: the next run retries
+    monkeypatch.setattr(suffix_replay, "BOTOCORE_SHA256", hashlib.sha256(payload[0]).hexdigest())
+    wheel = suffix_replay.botocore_wheel()
+    assert wheel.read_bytes() == payload[0] and wheel.parent == tmp_path / "streams"
