@@ -4,7 +4,7 @@
 replays a stream (``examples/corpus_replay.py``'s: the stdlib modules of the running Python,
 or code edits of this repository over a pinned commit range; or ``botocore``: the AWS API
 models of botocore 1.35.99, JSON documents of one schema, as a structured-output stream,
-see :func:`botocore_requests`) with a perfect greedy oracle: per
+see ``bench/streams.py``) with a perfect greedy oracle: per
 step a request accepts the longest draft prefix that equals its true continuation and
 emits one more token. Requests are admitted in order, at most ``--batch`` in flight (a
 freed slot takes the next), the same for every drafter; in a step every request proposes,
@@ -29,14 +29,10 @@ the table and writes a plot beside it (``FILE-<stream>.png``).
 from __future__ import annotations
 
 import argparse
-import gzip
-import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -46,16 +42,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.baselines import frequency_prototype as fp  # noqa: E402
-from examples.corpus_replay import (  # noqa: E402
-    DEFAULT_COMMITS,
-    _ids,
-    git_requests,
-    stdlib_requests,
-)
-
-BOTOCORE = "botocore==1.35.99"
-BOTOCORE_WHEEL = "botocore-1.35.99-py3-none-any.whl"
-BOTOCORE_SHA256 = "b22d27b6b617fc2d7342090d6129000af2efd20174215948c0d7ae2da0fab445"
+from bench.streams import BOTOCORE, botocore_requests  # noqa: E402
+from examples.corpus_replay import DEFAULT_COMMITS, git_requests, stdlib_requests  # noqa: E402
 
 
 def replay(reqs, drafter, *, batch: int, k: int) -> float:
@@ -258,52 +246,6 @@ def accepted(draft, h, n: int, n1: int) -> int:
     while a < len(draft) and n + a < n1 and draft[a] == h[n + a]:
         a += 1
     return a
-
-
-def botocore_wheel() -> Path:
-    """botocore's pinned wheel, downloaded once (``pip download --only-binary``, no install)
-    into ``$SPECDEC_CACHE/streams`` (default ``$XDG_CACHE_HOME`` or ``~/.cache``, then
-    ``specdec-kernels/streams``); kept only if its sha256 is the pinned one."""
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec-kernels"
-    cache = Path(os.environ.get("SPECDEC_CACHE", default)) / "streams"
-    wheel = cache / BOTOCORE_WHEEL
-    if wheel.exists():
-        return wheel
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "-d", tmp, BOTOCORE],
-            check=True,
-        )  # fmt: skip
-        got = Path(tmp) / BOTOCORE_WHEEL
-        digest = hashlib.sha256(got.read_bytes()).hexdigest() if got.exists() else "missing"
-        if digest != BOTOCORE_SHA256:
-            raise SystemExit(f"{BOTOCORE} wheel: sha256 {digest}, expected {BOTOCORE_SHA256}")
-        os.replace(got, wheel)
-    return wheel
-
-
-def botocore_requests(prompt_lines: int, max_output: int, count: int):
-    """(name, prompt ids, output ids) for the first ``count`` AWS API models of botocore
-    1.35.99 (``botocore/data/<service>/<version>/service-2.json.gz``, in path order: 436
-    models of 403 services, the older API versions of a service, e.g. cloudfront's, next
-    to its newest): the prompt is the first ``prompt_lines`` lines (the format version and
-    the service's metadata, which for some models ends before them and for others runs
-    into the first operation), the output the rest, cut to ``max_output`` tokens (so
-    mostly the operations): one JSON schema written by other people for every service,
-    the way structured outputs resemble each other. Tokenised as the other streams
-    (``bench/data.py``)."""
-    cache: dict[str, int] = {}
-    reqs = []
-    with zipfile.ZipFile(botocore_wheel()) as z:
-        models = sorted(n for n in z.namelist() if n.endswith("/service-2.json.gz"))
-        for name in models[:count]:
-            lines = gzip.decompress(z.read(name)).decode("utf-8").splitlines(keepends=True)
-            prompt = _ids("".join(lines[:prompt_lines]), cache)
-            output = _ids("".join(lines[prompt_lines:]), cache)[:max_output]
-            reqs.append(("/".join(name.split("/")[2:4]), prompt, output))
-    return reqs
 
 
 def suffix_decoding_path() -> str | None:

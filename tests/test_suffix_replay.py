@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import suffix_replay
+from bench import streams, suffix_replay
 from bench.baselines import frequency_prototype as fp
 
 
@@ -161,18 +161,18 @@ def test_botocore_stream_splits_each_model_into_metadata_prompt_and_body(tmp_pat
     with zipfile.ZipFile(wheel, "w") as z:
         for name, text in docs.items():
             z.writestr(name, gzip.compress(text.encode()) if name.endswith(".gz") else text)
-    monkeypatch.setattr(suffix_replay, "botocore_wheel", lambda: wheel)
+    monkeypatch.setattr(streams, "botocore_wheel", lambda: wheel)
 
-    reqs = suffix_replay.botocore_requests(2, 3, 10)
+    reqs = streams.botocore_requests(2, 3, 10)
     # path order, models only
     assert [name for name, _, _ in reqs] == ["a-svc/2019-01-01", "b-svc/2020-01-01"]
     cache: dict[str, int] = {}
     models = sorted(name for name in docs if name.endswith(".gz"))
     for (_, prompt, output), key in zip(reqs, models, strict=True):
         lines = docs[key].splitlines(keepends=True)
-        assert prompt == suffix_replay._ids("".join(lines[:2]), cache)
-        assert output == suffix_replay._ids("".join(lines[2:]), cache)[:3]
-    assert len(suffix_replay.botocore_requests(2, 3, 1)) == 1
+        assert prompt == streams._ids("".join(lines[:2]), cache)
+        assert output == streams._ids("".join(lines[2:]), cache)[:3]
+    assert len(streams.botocore_requests(2, 3, 1)) == 1
 
 
 def _stream(seed, count=6):
@@ -238,12 +238,12 @@ def test_botocore_wheel_keeps_only_a_download_with_the_pinned_sha256(tmp_path, m
     payload = [b"not the wheel"]
 
     def fake_pip(cmd, check):
-        (Path(cmd[cmd.index("-d") + 1]) / suffix_replay.BOTOCORE_WHEEL).write_bytes(payload[0])
+        (Path(cmd[cmd.index("-d") + 1]) / streams.BOTOCORE_WHEEL).write_bytes(payload[0])
 
-    monkeypatch.setattr(suffix_replay.subprocess, "run", fake_pip)
+    monkeypatch.setattr(streams.subprocess, "run", fake_pip)
     with pytest.raises(SystemExit, match="sha256"):
-        suffix_replay.botocore_wheel()
+        streams.botocore_wheel()
     assert list((tmp_path / "streams").iterdir()) == []  # nothing kept: the next run retries
-    monkeypatch.setattr(suffix_replay, "BOTOCORE_SHA256", hashlib.sha256(payload[0]).hexdigest())
-    wheel = suffix_replay.botocore_wheel()
+    monkeypatch.setattr(streams, "BOTOCORE_SHA256", hashlib.sha256(payload[0]).hexdigest())
+    wheel = streams.botocore_wheel()
     assert wheel.read_bytes() == payload[0] and wheel.parent == tmp_path / "streams"
