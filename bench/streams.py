@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 from examples.corpus_replay import _ids
+from examples.engine.model import cache_root
 
 BOTOCORE = "botocore==1.35.99"
 BOTOCORE_WHEEL = "botocore-1.35.99-py3-none-any.whl"
@@ -25,10 +26,9 @@ BOTOCORE_SHA256 = "b22d27b6b617fc2d7342090d6129000af2efd20174215948c0d7ae2da0fab
 
 def botocore_wheel() -> Path:
     """botocore's pinned wheel, downloaded once (``pip download --only-binary``, no install)
-    into ``$SPECDEC_CACHE/streams`` (default ``$XDG_CACHE_HOME`` or ``~/.cache``, then
-    ``specdec-kernels/streams``); kept only if its sha256 is the pinned one."""
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec-kernels"
-    cache = Path(os.environ.get("SPECDEC_CACHE", default)) / "streams"
+    into ``streams/`` of the project's cache (``cache_root()``: ``$SPECDEC_CACHE`` or
+    ``~/.cache/specdec-kernels``); kept only if its sha256 is the pinned one."""
+    cache = cache_root() / "streams"
     wheel = cache / BOTOCORE_WHEEL
     if wheel.exists():
         return wheel
