@@ -247,3 +247,25 @@ def test_botocore_wheel_keeps_only_a_download_with_the_pinned_sha256(tmp_path, m
     monkeypatch.setattr(streams, "BOTOCORE_SHA256", hashlib.sha256(payload[0]).hexdigest())
     wheel = streams.botocore_wheel()
     assert wheel.read_bytes() == payload[0] and wheel.parent == tmp_path / "streams"
+
+
+def test_summary_divides_by_the_peers_best_factor_per_setting(tmp_path):
+    from bench import suffix_summary
+
+    runs = tmp_path / "runs.md"
+    runs.write_text(
+        "### code edits, git a..b: 2 requests\n\n"
+        "| drafter | k | own history | + earlier, native store | + earlier, finished store |\n"
+        "|---|---|---|---|---|\n"
+        "| longest | 4 | 1.5000 | n/a | 2.0000 |\n"
+        "| suffix f=1 | 4 | 2.0000 | 3.0000 | 4.0000 |\n"
+        "| suffix f=4 | 4 | 3.0000 | 2.0000 | 2.0000 |\n"
+        "| frequency f=4 | 4 | 3.3000 | 2.4000 | 1.0000 |\n"
+    )
+    lines, worst = suffix_summary.summarize(suffix_summary.read([runs]), factors=2)
+    assert (
+        lines[0] == "code edits k=4: SuffixDecoding best 3.0000 (f=4) / 3.0000 (f=1) / 4.0000 (f=1)"
+    )
+    assert worst == {"longest": 0.5, "frequency f=4": 0.25}
+    assert lines[1].split() == ["longest", "0.500", "/", "n/a", "/", "0.500"]
+    assert suffix_summary.summarize(suffix_summary.read([runs]), factors=4)[1] == {}
