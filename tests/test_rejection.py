@@ -953,6 +953,46 @@ def test_nan_logits_count_as_neg_inf_in_logprobs(impl, kernel_device):
     assert logprobs[0, 0].item() == pytest.approx(math.log(0.5))
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy (the interpreter) on inf - inf
+@pytest.mark.parametrize("impl", ["reference", "cpu", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [None, 1.0])
+@pytest.mark.parametrize(
+    ("row", "maximal", "logprob"),
+    [
+        ([-INF], {0}, 0.0),  # V = 1: the one token is certain
+        ([float("nan")], {0}, 0.0),
+        ([-INF] * 5, {0, 1, 2, 3, 4}, -math.log(5)),  # no finite maximum: 5 ids share it
+        ([float("nan"), -INF, float("nan"), -INF], {0, 1, 2, 3}, -math.log(4)),
+        ([INF, 0.0, INF, float("nan"), -INF], {0, 2}, -math.log(2)),
+    ],
+)
+def test_rows_without_a_finite_maximum_share_it_among_their_maximal_ids(
+    impl, dtype, temperature, row, maximal, logprob, kernel_device
+):
+    # log_softmax gives NaN on these rows; docs/design.md ("logprobs") fixes -log(n) at the
+    # n ids holding the maximum, the limit of equal finite maxima, on every path: the
+    # distribution the sampler draws from (greedy: the lowest of those ids).
+    n = 32
+    batch = Batch(
+        logits=torch.tensor([row] * n, dtype=dtype),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=torch.zeros(n + 1, dtype=torch.int32),
+        k=0,
+        temperature=None if temperature is None else torch.full((n,), temperature),
+        seeds=torch.arange(n, dtype=torch.int64),
+        offsets=torch.zeros(n, dtype=torch.int64),
+    )
+    out, emitted, logprobs = run(impl, batch, kernel_device)
+    assert emitted.tolist() == [1] * n
+    if temperature is None:
+        assert out[:, 0].tolist() == [min(maximal)] * n
+    else:
+        assert set(out[:, 0].tolist()) == maximal
+    assert logprobs[:, 0].tolist() == pytest.approx([logprob] * n, abs=1e-6)
+    assert not logprobs.isnan().any()
+
+
 def test_draft_probs_need_rows_for_the_drafts_only():
     # Static draft buffer of 4 slots, N = cu[B] = 2 real drafts: 2 rows of q suffice.
     V = 5

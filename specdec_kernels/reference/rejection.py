@@ -13,6 +13,8 @@ and Triton ones.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
@@ -70,6 +72,18 @@ def _kept_weights(row: torch.Tensor, T: float, k: int, top_p: float, min_p: floa
     if min_p > 0.0:  # min-p: p(x) >= min_p * max p; the max weight is 1
         keep = keep & (e >= torch.tensor(min_p, dtype=torch.float32))
     return torch.where(keep, e, 0.0)
+
+
+def _log_prob(raw: torch.Tensor, t: int) -> float:
+    """``log_softmax(raw)[t]``, NaN read as -inf; where the maximum is not finite (all -inf,
+    or +inf entries) the ``n`` ids holding it share the mass: ``-log n`` there, -inf elsewhere
+    (``log_softmax`` would give NaN)."""
+    raw = raw.masked_fill(torch.isnan(raw), float("-inf"))
+    top = raw.max()
+    if torch.isfinite(top):
+        return float(torch.log_softmax(raw, dim=0)[t])
+    n = int((raw == top).sum())
+    return -math.log(n) if raw[t] == top else float("-inf")
 
 
 def _sample(mass: torch.Tensor, total: torch.Tensor, u: float) -> int | None:
@@ -152,7 +166,5 @@ def rejection_sample(
         num_emitted[b] = len(emitted)
         if return_logprobs:
             for j, t in enumerate(emitted):
-                raw = target_logits[cu[b] + b + j].float()
-                raw = raw.masked_fill(torch.isnan(raw), float("-inf"))  # NaN counts as -inf
-                logprobs[b, j] = torch.log_softmax(raw, dim=0)[t]
+                logprobs[b, j] = _log_prob(target_logits[cu[b] + b + j].float(), t)
     return out, num_emitted, logprobs
