@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bench import streams, suffix_replay
+from bench.baselines import frequency_compact as fc
 from bench.baselines import frequency_prototype as fp
 
 
@@ -93,6 +94,92 @@ def test_frequency_prototype_equals_brute_force(seed):
     assert _prototype(docs, seq, D, k, factor, min_prob) == _brute_force(
         docs, seq, D, k, factor, min_prob
     )
+
+
+def _compact(docs, seq, D, k, factor, min_prob, chunk=3):
+    """The compact structure's drafts: every document, then the history in chunks of
+    ``chunk`` tokens (as commits arrive)."""
+    store = fc.new_store(12, 200)
+    for d in [*docs, seq]:
+        d = np.asarray(d, np.int32)
+        start = fc.reserve(store[-1], len(d))
+        for a in range(0, len(d), chunk):
+            fc.append(*store, d, a, min(a + chunk, len(d)), start + a, D)
+    hist = np.asarray(seq, np.int32)
+    out, tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
+    t, _ = fc.propose(*store, hist, len(seq), D, k, factor, min_prob, out, tmp)
+    return out[:t].tolist()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_frequency_compact_equals_brute_force(seed):
+    """As the prototype's test, with small vocabularies (long repeats: leaves turn into
+    nodes, nodes reach D) and the history appended in chunks."""
+    rng = np.random.default_rng(1000 + seed)
+    V = int(rng.integers(1, 4))
+    n_docs = 0 if seed < 20 else int(rng.integers(1, 4))
+    docs = [rng.integers(0, V, int(rng.integers(1, 25))).tolist() for _ in range(n_docs)]
+    seq = rng.integers(0, V, int(rng.integers(1, 50))).tolist()
+    D, k = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+    factor, min_prob = float(rng.choice([0.5, 1.0, 4.0])), float(rng.choice([0.0, 0.1, 0.4]))
+    want = _brute_force(docs, seq, D, k, factor, min_prob)
+    assert _compact(docs, seq, D, k, factor, min_prob, chunk=int(rng.integers(1, 5))) == want
+
+
+def test_frequency_compact_named_cases():
+    # a context seen once (a leaf) is read on from its occurrence: [5, 6] -> 7, 8, 9
+    assert _compact([[5, 6, 7, 8, 9]], [1, 5, 6], 8, 3, 4.0, 0.1) == [7, 8, 9]
+    # the same context twice: the leaf became a node; its continuations 7 and 4 tie,
+    # the most recent (4) wins
+    assert _compact([[5, 6, 7], [5, 6, 4]], [5, 6], 8, 1, 4.0, 0.0) == [4]
+    assert _compact([[5, 6, 4, 4], [5, 6, 7]], [5, 6], 8, 1, 4.0, 0.0) == [7]
+    # no context crosses a document boundary: [1, 2] only occurs across one
+    assert _compact([[0, 1], [2, 3]], [1, 2], 8, 2, 4.0, 0.0) == [3]  # from [2] alone
+    assert _compact([[0, 1], [9, 3]], [1, 2], 8, 2, 4.0, 0.0) == []
+    # the live tail counts: [3] occurred before and is the tail: count 2, child 1 of 2
+    assert _compact([], [3, 8, 3], 8, 1, 4.0, 0.6) == []
+    assert _compact([], [3, 8, 3], 8, 1, 4.0, 0.5) == [8]
+    # an empty store, an empty history, k = 0
+    assert _compact([], [1], 8, 4, 4.0, 0.1) == []
+    assert _compact([[1, 2]], [], 8, 4, 4.0, 0.1) == []
+    assert _compact([[1, 2, 1, 2]], [1], 8, 0, 4.0, 0.1) == []
+
+
+def test_frequency_compact_refuses_appends_outside_the_reserved_tokens_and_a_full_table():
+    store = fc.new_store(12, 8)
+    seq = np.arange(6, dtype=np.int32)
+    start = fc.reserve(store[-1], 3)
+    with pytest.raises(ValueError, match="outside the reserved"):
+        fc.append(*store, seq, 0, 4, start, 4)
+    store = fc.new_store(2, 16)  # 4 slots: 3 entries at most
+    with pytest.raises(ValueError, match="3/4 full"):
+        fc.append(*store, seq, 0, 6, fc.reserve(store[-1], 6), 4)
+
+
+def test_suffix_memory_counts_nodes_and_leaves():
+    from bench import suffix_memory
+
+    # [1, 2] in both documents: nodes [1], [2], [1, 2]; a leaf for the shortest context
+    # seen once at each other position: [3], [0], [0, 1], [0, 1, 2] (positions 0 and 1
+    # have none: every context ending there is seen twice)
+    docs = [np.asarray(d, np.int32) for d in ([1, 2, 3], [0, 1, 2])]
+    store, _ = suffix_memory.build(docs, 8)
+    assert suffix_memory.census(store) == (3, 4)
+    assert int(store[-1][1]) == 7
+    # alone, every context of a document is seen once: a leaf per position
+    assert suffix_memory.per_document(docs, 8) == "1.00 / 1.00 / 1.00"
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_compact_replays_exactly_as_the_prototype(seed, factor):
+    reqs = _stream(seed)
+    n = sum(len(p) + len(o) for _, p, o in reqs)
+    for shared, store in [(False, "native"), (True, "native"), (True, "finished")]:
+        proto = suffix_replay.Frequency(shared, store, factor=factor, shared_positions=n)
+        compact = suffix_replay.Compact(shared, store, factor=factor, shared_positions=n)
+        want = suffix_replay.replay(reqs, proto, batch=3, k=4)
+        assert suffix_replay.replay(reqs, compact, batch=3, k=4) == want
 
 
 def test_a_full_prototype_table_raises():

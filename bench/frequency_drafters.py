@@ -1,0 +1,148 @@
+"""The frequency-scored drafters of the drafting benchmark (``bench/suffix_replay.py``).
+
+:class:`Frequency` (the hash-table prototype, ``bench/baselines/frequency_prototype.py``),
+:class:`Compact` (the same drafts from the compact structure,
+``bench/baselines/frequency_compact.py``) and :class:`Adaptive` (the prototype with its
+factor chosen per request online), with the replay's drafter interface: ``admit``,
+``propose``, ``commit``, ``finish`` per slot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bench.baselines import frequency_compact as fc
+from bench.baselines import frequency_prototype as fp
+
+
+class Frequency:
+    """The prototype: a count table per request and one shared (sized for
+    ``shared_positions`` appended positions), combined as SuffixDecoding combines its
+    trees."""
+
+    def __init__(self, shared: bool, store: str, factor: float = 1.0, D: int = 64,
+                 shared_positions: int = 1 << 20):  # fmt: skip
+        self.D, self.factor, self.shared, self.live = D, factor, shared, store == "native"
+        self.glob = fp.new_table(fp.capacity_for(shared_positions, D)) if shared else None
+        self.own, self.prompt_len = {}, {}
+        self.out, self.tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
+
+    def admit(self, s, h, n):
+        self.own[s], self.prompt_len[s] = fp.new_table(fp.capacity_for(h.shape[0], self.D)), n
+        fp.extend(*self.own[s], h, 0, 0, n, self.D)
+
+    def _draft(self, table, h, n, k):
+        t, score = fp.propose(*table, h, n, self.D, k, self.factor, 0.1, self.out, self.tmp)
+        return self.out[:t].tolist(), score
+
+    def propose(self, s, h, n, k):
+        draft, score = self._draft(self.own[s], h, n, k)
+        if self.shared:
+            other, other_score = self._draft(self.glob, h, n, k)
+            draft = other if other_score > score else draft
+        return draft
+
+    def commit(self, s, h, n0, n1):
+        fp.extend(*self.own[s], h, 0, n0, n1, self.D)
+        if self.shared and self.live:  # the response only, as its own document
+            fp.extend(*self.glob, h, self.prompt_len[s], n0, n1, self.D)
+
+    def finish(self, s, h):
+        del self.own[s]
+        if self.shared and not self.live:
+            fp.extend(*self.glob, h, 0, 0, h.shape[0], self.D)
+
+
+class Adaptive(Frequency):
+    """The prototype with the factor chosen per request, online, from ``factors``.
+
+    Every step drafts once per factor (the same counts and contexts: only the length cap
+    and so the choice of match differ). Once the history is known past a step's longest
+    draft (or the request ends), each factor is credited with the tokens its draft would
+    have had accepted: the greedy oracle's acceptance is a prefix match against committed
+    tokens, so every alternative is scored exactly, from committed tokens only, one to
+    ``k`` steps late. Credits decay by ``decay`` per scored step; the factor with the most
+    credit drafts (``factors[1]`` until one has any). One setting for every stream: what a
+    fixed factor cannot be when streams prefer different ones."""
+
+    def __init__(self, shared: bool, store: str, factors=(0.5, 1.0, 2.0, 4.0),
+                 decay: float = 0.999, **kw):  # fmt: skip
+        super().__init__(shared, store, factor=factors[0], **kw)
+        self.factors, self.decay = tuple(factors), decay
+        self.credit, self.pending = {}, {}
+
+    def admit(self, s, h, n):
+        super().admit(s, h, n)
+        self.credit[s], self.pending[s] = np.zeros(len(self.factors)), []
+
+    def propose(self, s, h, n, k):
+        drafts = []
+        for f in self.factors:
+            self.factor = f
+            drafts.append(Frequency.propose(self, s, h, n, k))
+        self.pending[s].append((n, drafts))
+        c = self.credit[s]
+        return drafts[int(np.argmax(c))] if c.any() else drafts[min(1, len(drafts) - 1)]
+
+    def commit(self, s, h, n0, n1):
+        super().commit(s, h, n0, n1)
+        waiting = []
+        for n, drafts in self.pending[s]:
+            if n + max(map(len, drafts)) > n1 and n1 < h.shape[0]:
+                waiting.append((n, drafts))  # not yet known how far each would match
+                continue
+            self.credit[s] = self.credit[s] * self.decay + [accepted(d, h, n, n1) for d in drafts]
+        self.pending[s] = waiting
+
+    def finish(self, s, h):
+        super().finish(s, h)
+        del self.credit[s], self.pending[s]
+
+
+class Compact(Frequency):
+    """:class:`Frequency` on the compact structure (``bench/baselines/frequency_compact.py``,
+    a request's live response reserved in the shared store at admission): the same drafts,
+    so the same tokens per step, if that structure is right."""
+
+    def __init__(self, shared: bool, store: str, factor: float = 1.0, D: int = 64,
+                 shared_positions: int = 1 << 20):  # fmt: skip
+        self.D, self.factor, self.shared, self.live = D, factor, shared, store == "native"
+        self.glob = None
+        if shared:
+            self.glob = fc.new_store(_slots(shared_positions), 2 * shared_positions)
+        self.own, self.prompt_len, self.start = {}, {}, {}
+        self.out, self.tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
+
+    def admit(self, s, h, n):
+        self.own[s], self.prompt_len[s] = fc.new_store(_slots(h.shape[0]), h.shape[0]), n
+        fc.append(*self.own[s], h, 0, n, fc.reserve(self.own[s][-1], h.shape[0]), self.D)
+        if self.shared and self.live:
+            self.start[s] = fc.reserve(self.glob[-1], h.shape[0] - n) - n
+
+    def _draft(self, store, h, n, k):
+        t, score = fc.propose(*store, h, n, self.D, k, self.factor, 0.1, self.out, self.tmp)
+        return self.out[:t].tolist(), score
+
+    def commit(self, s, h, n0, n1):
+        fc.append(*self.own[s], h, n0, n1, n0, self.D)
+        if self.shared and self.live:
+            fc.append(*self.glob, h, n0, n1, self.start[s] + n0, self.D)
+
+    def finish(self, s, h):
+        del self.own[s]
+        if self.shared and not self.live:
+            fc.append(*self.glob, h, 0, h.shape[0], fc.reserve(self.glob[-1], h.shape[0]), self.D)
+
+
+def _slots(positions: int, per_position: int = 33) -> int:
+    """log2 slots for ``positions`` at most 3/4 full: 33 a position (D = 64) is the bound
+    (``D / 2`` nodes and one leaf), which a code edit's store comes close to."""
+    return max(12, (per_position * positions * 4 // 3).bit_length())
+
+
+def accepted(draft, h, n: int, n1: int) -> int:
+    """How many leading tokens of ``draft`` equal the committed ``h[n:n1]``."""
+    a = 0
+    while a < len(draft) and n + a < n1 and draft[a] == h[n + a]:
+        a += 1
+    return a
