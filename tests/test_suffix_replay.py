@@ -80,20 +80,22 @@ def _prototype(docs, seq, D, k, factor, min_prob):
     return out[:t].tolist()
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_frequency_prototype_equals_brute_force(seed):
-    """One request's history alone (seeds < 30), or after earlier documents in the same
-    table (contexts never cross a document boundary)."""
-    rng = np.random.default_rng(seed)
-    V = int(rng.integers(1, 5))
-    n_docs = 0 if seed < 30 else int(rng.integers(1, 4))
+def _random_case(rng, max_vocab: int, own_only: bool):
+    """(earlier documents, history, D, k, factor, min_prob): the history alone if
+    ``own_only``, else after 1-3 earlier documents (contexts never cross a boundary)."""
+    V = int(rng.integers(1, max_vocab + 1))
+    n_docs = 0 if own_only else int(rng.integers(1, 4))
     docs = [rng.integers(0, V, int(rng.integers(1, 25))).tolist() for _ in range(n_docs)]
     seq = rng.integers(0, V, int(rng.integers(1, 50))).tolist()
     D, k = int(rng.integers(1, 9)), int(rng.integers(1, 8))
     factor, min_prob = float(rng.choice([0.5, 1.0, 4.0])), float(rng.choice([0.0, 0.1, 0.4]))
-    assert _prototype(docs, seq, D, k, factor, min_prob) == _brute_force(
-        docs, seq, D, k, factor, min_prob
-    )
+    return docs, seq, D, k, factor, min_prob
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_frequency_prototype_equals_brute_force(seed):
+    case = _random_case(np.random.default_rng(seed), 4, own_only=seed < 30)
+    assert _prototype(*case) == _brute_force(*case)
 
 
 def _compact(docs, seq, D, k, factor, min_prob, chunk=3):
@@ -116,14 +118,8 @@ def test_frequency_compact_equals_brute_force(seed):
     """As the prototype's test, with small vocabularies (long repeats: leaves turn into
     nodes, nodes reach D) and the history appended in chunks."""
     rng = np.random.default_rng(1000 + seed)
-    V = int(rng.integers(1, 4))
-    n_docs = 0 if seed < 20 else int(rng.integers(1, 4))
-    docs = [rng.integers(0, V, int(rng.integers(1, 25))).tolist() for _ in range(n_docs)]
-    seq = rng.integers(0, V, int(rng.integers(1, 50))).tolist()
-    D, k = int(rng.integers(1, 9)), int(rng.integers(1, 8))
-    factor, min_prob = float(rng.choice([0.5, 1.0, 4.0])), float(rng.choice([0.0, 0.1, 0.4]))
-    want = _brute_force(docs, seq, D, k, factor, min_prob)
-    assert _compact(docs, seq, D, k, factor, min_prob, chunk=int(rng.integers(1, 5))) == want
+    case = _random_case(rng, 3, own_only=seed < 20)
+    assert _compact(*case, chunk=int(rng.integers(1, 5))) == _brute_force(*case)
 
 
 def test_frequency_compact_named_cases():
@@ -168,18 +164,6 @@ def test_suffix_memory_counts_nodes_and_leaves():
     assert int(store[-1][1]) == 7
     # alone, every context of a document is seen once: a leaf per position
     assert suffix_memory.per_document(docs, 8) == "1.00 / 1.00 / 1.00"
-
-
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("factor", [0.5, 2.0])
-def test_compact_replays_exactly_as_the_prototype(seed, factor):
-    reqs = _stream(seed)
-    n = sum(len(p) + len(o) for _, p, o in reqs)
-    for shared, store in [(False, "native"), (True, "native"), (True, "finished")]:
-        proto = suffix_replay.Frequency(shared, store, factor=factor, shared_positions=n)
-        compact = suffix_replay.Compact(shared, store, factor=factor, shared_positions=n)
-        want = suffix_replay.replay(reqs, proto, batch=3, k=4)
-        assert suffix_replay.replay(reqs, compact, batch=3, k=4) == want
 
 
 def test_a_full_prototype_table_raises():
@@ -274,14 +258,18 @@ def _stream(seed, count=6):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("factor", [0.5, 2.0])
-def test_adaptive_with_one_factor_is_the_prototype_at_that_factor(seed, factor):
+@pytest.mark.parametrize("other", ["adaptive with that one factor", "compact structure"])
+def test_replays_exactly_as_the_prototype_at_that_factor(seed, factor, other):
     reqs = _stream(seed)
     n = sum(len(p) + len(o) for _, p, o in reqs)
     for shared, store in [(False, "native"), (True, "native"), (True, "finished")]:
         fixed = suffix_replay.Frequency(shared, store, factor=factor, shared_positions=n)
-        adaptive = suffix_replay.Adaptive(shared, store, factors=(factor,), shared_positions=n)
+        if other == "compact structure":
+            d = suffix_replay.Compact(shared, store, factor=factor, shared_positions=n)
+        else:
+            d = suffix_replay.Adaptive(shared, store, factors=(factor,), shared_positions=n)
         want = suffix_replay.replay(reqs, fixed, batch=3, k=4)
-        assert suffix_replay.replay(reqs, adaptive, batch=3, k=4) == want
+        assert suffix_replay.replay(reqs, d, batch=3, k=4) == want
 
 
 def test_adaptive_credits_each_factor_once_its_draft_is_decided():
