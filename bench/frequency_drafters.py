@@ -109,12 +109,13 @@ class Compact(Frequency):
         self.D, self.factor, self.shared, self.live = D, factor, shared, store == "native"
         self.glob = None
         if shared:
-            self.glob = fc.new_store(_slots(shared_positions), 2 * shared_positions)
+            self.glob = fc.new_store(_slots(shared_positions, D // 2 + 1), 2 * shared_positions)
         self.own, self.prompt_len, self.start = {}, {}, {}
         self.out, self.tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
 
     def admit(self, s, h, n):
-        self.own[s], self.prompt_len[s] = fc.new_store(_slots(h.shape[0]), h.shape[0]), n
+        self.own[s] = fc.new_store(_slots(h.shape[0], self.D // 2 + 1), h.shape[0])
+        self.prompt_len[s] = n
         fc.append(*self.own[s], h, 0, n, fc.reserve(self.own[s][-1], h.shape[0]), self.D)
         if self.shared and self.live:
             self.start[s] = fc.reserve(self.glob[-1], h.shape[0] - n) - n
@@ -134,9 +135,9 @@ class Compact(Frequency):
             fc.append(*self.glob, h, 0, h.shape[0], fc.reserve(self.glob[-1], h.shape[0]), self.D)
 
 
-def _slots(positions: int, per_position: int = 33) -> int:
-    """log2 slots for ``positions`` at most 3/4 full: 33 a position (D = 64) is the bound
-    (``D / 2`` nodes and one leaf), which a code edit's store comes close to."""
+def _slots(positions: int, per_position: int) -> int:
+    """log2 slots for ``positions`` at most 3/4 full, ``per_position`` entries each: ``D / 2
+    + 1`` (nodes and one leaf) is the bound, which a code edit's store comes close to."""
     return max(12, (per_position * positions * 4 // 3).bit_length())
 
 

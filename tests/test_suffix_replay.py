@@ -98,11 +98,12 @@ def test_frequency_prototype_equals_brute_force(seed):
     assert _prototype(*case) == _brute_force(*case)
 
 
-def _compact(docs, seq, D, k, factor, min_prob, chunk=3):
+def _compact(docs, seq, D, k, factor, min_prob, chunk=3, store_history=True):
     """The compact structure's drafts: every document, then the history in chunks of
-    ``chunk`` tokens (as commits arrive)."""
+    ``chunk`` tokens (as commits arrive) unless not ``store_history`` (a shared store's
+    view of a request whose tokens it does not hold)."""
     store = fc.new_store(12, 200)
-    for d in [*docs, seq]:
+    for d in [*docs, seq] if store_history else docs:
         d = np.asarray(d, np.int32)
         start = fc.reserve(store[-1], len(d))
         for a in range(0, len(d), chunk):
@@ -123,8 +124,16 @@ def test_frequency_compact_equals_brute_force(seed):
 
 
 def test_frequency_compact_named_cases():
-    # a context seen once (a leaf) is read on from its occurrence: [5, 6] -> 7, 8, 9
+    # a node's once-seen child is read on from its occurrence: [5, 6] (twice: the document
+    # and the live history) -> 7 (1 of 2), then 8, 9 at the same running product
     assert _compact([[5, 6, 7, 8, 9]], [1, 5, 6], 8, 3, 4.0, 0.1) == [7, 8, 9]
+    # a context seen once (a leaf) of a history the store does not hold: read on too,
+    # from the longest match ([5, 6], not the shorter [6]: ties go to the longer)
+    assert _compact([[5, 6, 7, 8, 9]], [1, 5, 6], 8, 3, 4.0, 0.1, store_history=False) == [
+        7, 8, 9,
+    ]  # fmt: skip
+    assert _compact([[5, 6, 7, 8, 9]], [1, 6], 8, 3, 4.0, 0.1, store_history=False) == [7, 8, 9]
+    assert _compact([[5, 6, 7]], [1, 5, 6], 8, 3, 1.0, 0.1, store_history=False) == [7]
     # the same context twice: the leaf became a node; its continuations 7 and 4 tie,
     # the most recent (4) wins
     assert _compact([[5, 6, 7], [5, 6, 4]], [5, 6], 8, 1, 4.0, 0.0) == [4]
@@ -147,6 +156,9 @@ def test_frequency_compact_refuses_appends_outside_the_reserved_tokens_and_a_ful
     start = fc.reserve(store[-1], 3)
     with pytest.raises(ValueError, match="outside the reserved"):
         fc.append(*store, seq, 0, 4, start, 4)
+    with pytest.raises(ValueError, match="token store is full"):
+        fc.reserve(store[-1], 5)  # 8 tokens: 3 reserved, a separator, 4 free
+    assert fc.reserve(store[-1], 4) == 4
     store = fc.new_store(2, 16)  # 4 slots: 3 entries at most
     with pytest.raises(ValueError, match="3/4 full"):
         fc.append(*store, seq, 0, 6, fc.reserve(store[-1], 6), 4)

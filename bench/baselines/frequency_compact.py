@@ -25,8 +25,9 @@ reaches a count-1 continuation reads the document onward (each ratio is 1/1). Ap
 a position visits its ``<= D`` contexts and the ``<= D - 1`` ending one position earlier
 (whose best continuation it may change): O(D) table probes; when a leaf's context occurs
 a second time the leaf becomes a node and the earlier occurrence gets a leaf one token
-longer. Append only: no eviction here (FIFO eviction by whole documents is the design's
-next step: a count falls, a node of count 1 becomes a leaf at its ``pos``).
+longer. Append only: no eviction here (FIFO eviction by whole documents would need one more
+field, a node's latest occurrence, continued or not: the survivor when a count falls to
+1; ``pos`` is the latest *continued* one).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ BYTES_PER_SLOT = 8 + 4 * 4  # key, count, pos, best, best_slot
 
 def new_store(log2_slots: int, max_tokens: int) -> tuple[np.ndarray, ...]:
     """``(keys, count, pos, best, best_slot, tokens, meta)``; ``meta = [tokens reserved,
-    entries used]``."""
+    entries used, token capacity]``."""
     cap = 1 << log2_slots
     return (
         np.zeros(cap, np.uint64),
@@ -52,7 +53,7 @@ def new_store(log2_slots: int, max_tokens: int) -> tuple[np.ndarray, ...]:
         np.full(cap, -1, np.int32),
         np.full(cap, -1, np.int32),
         np.full(max_tokens, SEP, np.int32),
-        np.zeros(2, np.int64),
+        np.array([0, 0, max_tokens], np.int64),
     )
 
 
@@ -134,6 +135,8 @@ def _append_position(keys, count, pos, best, best_slot, toks, meta, p, D):
 def reserve(meta: np.ndarray, n: int) -> int:
     """The start of ``n`` token slots for a new document (a ``SEP`` before it)."""
     start = int(meta[0]) + (1 if meta[0] > 0 else 0)
+    if start + n > meta[2]:
+        raise ValueError("frequency_compact: the token store is full")
     meta[0] = start + n
     return start
 
@@ -164,7 +167,7 @@ def _read_on(toks, n_toks, p, t, max_len, prob, score, out):
 def propose(keys, count, pos, best, best_slot, toks, meta, hist, L, D, k, factor, min_prob,
             out, tmp):  # fmt: skip
     """``frequency_prototype.propose`` on this store: ``(length, score)`` into ``out``."""
-    n_toks = meta[0]
+    n_toks = min(meta[0], toks.shape[0])
     best_t, best_score = 0, 0.0
     q_par, leaf = ROOT, -1
     for m in range(1, min(D, L)):
