@@ -109,16 +109,16 @@ class Compact(Frequency):
         self.D, self.factor, self.shared, self.live = D, factor, shared, store == "native"
         self.glob = None
         if shared:
-            self.glob = fc.new_store(_slots(shared_positions, D // 2 + 1), 2 * shared_positions)
+            self.glob = fc.new_store(_worst_case(shared_positions, D), 2 * shared_positions)
         self.own, self.prompt_len, self.start = {}, {}, {}
         self.out, self.tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
 
     def admit(self, s, h, n):
-        self.own[s] = fc.new_store(_slots(h.shape[0], self.D // 2 + 1), h.shape[0])
+        self.own[s] = fc.new_store(_worst_case(h.shape[0], self.D), h.shape[0])
         self.prompt_len[s] = n
-        fc.append(*self.own[s], h, 0, n, fc.reserve(self.own[s][-1], h.shape[0]), self.D)
+        fc.append(*self.own[s], h, 0, n, fc.reserve(self.own[s], h.shape[0]), self.D)
         if self.shared and self.live:
-            self.start[s] = fc.reserve(self.glob[-1], h.shape[0] - n) - n
+            self.start[s] = fc.reserve(self.glob, h.shape[0] - n) - n
 
     def _draft(self, store, h, n, k):
         t, score = fc.propose(*store, h, n, self.D, k, self.factor, 0.1, self.out, self.tmp)
@@ -132,13 +132,12 @@ class Compact(Frequency):
     def finish(self, s, h):
         del self.own[s]
         if self.shared and not self.live:
-            fc.append(*self.glob, h, 0, h.shape[0], fc.reserve(self.glob[-1], h.shape[0]), self.D)
+            fc.append(*self.glob, h, 0, h.shape[0], fc.reserve(self.glob, h.shape[0]), self.D)
 
 
-def _slots(positions: int, per_position: int) -> int:
-    """log2 slots for ``positions`` at most 3/4 full, ``per_position`` entries each: ``D / 2
-    + 1`` (nodes and one leaf) is the bound, which a code edit's store comes close to."""
-    return max(12, (per_position * positions * 4 // 3).bit_length())
+def _worst_case(positions: int, D: int) -> int:
+    """log2 slots for ``positions``' worst case (a code edit's store comes close to it)."""
+    return fc.log2_slots_for(positions * (D // 2 + 1))
 
 
 def accepted(draft, h, n: int, n1: int) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import tempfile
@@ -71,17 +70,12 @@ def build(docs, depth: int, log2_slots: int | None = None):
     table for the worst case (``D / 2 + 1`` entries a position at most 3/4 full)."""
     tokens = sum(d.shape[0] for d in docs)
     if log2_slots is None:
-        log2_slots = max(12, math.ceil(math.log2((depth // 2 + 1) * tokens * 4 / 3)))
+        log2_slots = fc.log2_slots_for(tokens * (depth // 2 + 1))
     store = fc.new_store(log2_slots, tokens + len(docs))
     t0 = time.perf_counter()
     for d in docs:
-        fc.append(*store, d, 0, d.shape[0], fc.reserve(store[-1], d.shape[0]), depth)
+        fc.append(*store, d, 0, d.shape[0], fc.reserve(store, d.shape[0]), depth)
     return store, time.perf_counter() - t0
-
-
-def fitted(entries: int) -> int:
-    """log2 of the smallest power-of-two table that holds ``entries`` at most 3/4 full."""
-    return max(12, math.ceil(math.log2(entries * 4 / 3 + 1)))
 
 
 def census(store) -> tuple[int, int]:
@@ -157,7 +151,8 @@ def main(argv=None) -> int:
         tokens = sum(d.shape[0] for d in docs)
         flat = np.concatenate(docs)
         queries = [flat[max(0, i - args.depth) : i] for i in range(1, flat.shape[0], args.stride)]
-        log2 = fitted(int(build(docs, args.depth)[0][-1][1]))  # count, then size the table
+        entries = int(build(docs, args.depth)[0][-1][1])  # count, then size the table
+        log2 = fc.log2_slots_for(entries)
         runs, props, sd = [], [], []
         for _ in range(args.repeats):  # interleaved: compact build, its proposals, the peer
             runs.append(build(docs, args.depth, log2))

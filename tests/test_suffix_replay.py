@@ -105,7 +105,7 @@ def _compact(docs, seq, D, k, factor, min_prob, chunk=3, store_history=True):
     store = fc.new_store(12, 200)
     for d in [*docs, seq] if store_history else docs:
         d = np.asarray(d, np.int32)
-        start = fc.reserve(store[-1], len(d))
+        start = fc.reserve(store, len(d))
         for a in range(0, len(d), chunk):
             fc.append(*store, d, a, min(a + chunk, len(d)), start + a, D)
     hist = np.asarray(seq, np.int32)
@@ -153,15 +153,15 @@ def test_frequency_compact_named_cases():
 def test_frequency_compact_refuses_appends_outside_the_reserved_tokens_and_a_full_table():
     store = fc.new_store(12, 8)
     seq = np.arange(6, dtype=np.int32)
-    start = fc.reserve(store[-1], 3)
+    start = fc.reserve(store, 3)
     with pytest.raises(ValueError, match="outside the reserved"):
         fc.append(*store, seq, 0, 4, start, 4)
     with pytest.raises(ValueError, match="token store is full"):
-        fc.reserve(store[-1], 5)  # 8 tokens: 3 reserved, a separator, 4 free
-    assert fc.reserve(store[-1], 4) == 4
+        fc.reserve(store, 5)  # 8 tokens: 3 reserved, a separator, 4 free
+    assert fc.reserve(store, 4) == 4
     store = fc.new_store(2, 16)  # 4 slots: 3 entries at most
     with pytest.raises(ValueError, match="3/4 full"):
-        fc.append(*store, seq, 0, 6, fc.reserve(store[-1], 6), 4)
+        fc.append(*store, seq, 0, 6, fc.reserve(store, 6), 4)
 
 
 def test_suffix_memory_counts_nodes_and_leaves():

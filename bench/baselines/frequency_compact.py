@@ -32,6 +32,8 @@ field, a node's latest occurrence, continued or not: the survivor when a count f
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -42,9 +44,15 @@ _SHIFT = np.uint64(24)
 BYTES_PER_SLOT = 8 + 4 * 4  # key, count, pos, best, best_slot
 
 
+def log2_slots_for(entries: int) -> int:
+    """log2 of the smallest power-of-two table that holds ``entries`` at most 3/4 full.
+    At most ``D / 2 + 1`` entries a position (nodes, one leaf) is the worst case."""
+    return max(12, math.ceil(math.log2(entries * 4 / 3 + 1)))
+
+
 def new_store(log2_slots: int, max_tokens: int) -> tuple[np.ndarray, ...]:
     """``(keys, count, pos, best, best_slot, tokens, meta)``; ``meta = [tokens reserved,
-    entries used, token capacity]``."""
+    entries used]``."""
     cap = 1 << log2_slots
     return (
         np.zeros(cap, np.uint64),
@@ -53,7 +61,7 @@ def new_store(log2_slots: int, max_tokens: int) -> tuple[np.ndarray, ...]:
         np.full(cap, -1, np.int32),
         np.full(cap, -1, np.int32),
         np.full(max_tokens, SEP, np.int32),
-        np.array([0, 0, max_tokens], np.int64),
+        np.zeros(2, np.int64),
     )
 
 
@@ -132,10 +140,11 @@ def _append_position(keys, count, pos, best, best_slot, toks, meta, p, D):
             break
 
 
-def reserve(meta: np.ndarray, n: int) -> int:
+def reserve(store: tuple[np.ndarray, ...], n: int) -> int:
     """The start of ``n`` token slots for a new document (a ``SEP`` before it)."""
+    toks, meta = store[5], store[6]
     start = int(meta[0]) + (1 if meta[0] > 0 else 0)
-    if start + n > meta[2]:
+    if start + n > toks.shape[0]:
         raise ValueError("frequency_compact: the token store is full")
     meta[0] = start + n
     return start
@@ -145,7 +154,7 @@ def reserve(meta: np.ndarray, n: int) -> int:
 def append(keys, count, pos, best, best_slot, toks, meta, src, a, b, dst, D):
     """Store ``src[a:b]`` at ``toks[dst:]`` (inside one document's reserved slots, after
     its earlier tokens) and count the contexts ending there."""
-    if dst < 0 or dst + (b - a) > min(meta[0], toks.shape[0]):
+    if dst < 0 or dst + (b - a) > meta[0]:
         raise ValueError("frequency_compact: append outside the reserved tokens")
     for i in range(a, b):
         toks[dst + i - a] = src[i]
@@ -167,7 +176,7 @@ def _read_on(toks, n_toks, p, t, max_len, prob, score, out):
 def propose(keys, count, pos, best, best_slot, toks, meta, hist, L, D, k, factor, min_prob,
             out, tmp):  # fmt: skip
     """``frequency_prototype.propose`` on this store: ``(length, score)`` into ``out``."""
-    n_toks = min(meta[0], toks.shape[0])
+    n_toks = meta[0]  # <= toks.shape[0]: reserve refuses more
     best_t, best_score = 0, 0.0
     q_par, leaf = ROOT, -1
     for m in range(1, min(D, L)):
