@@ -22,6 +22,7 @@ from specdec_kernels.ops.ngram_index import (
     ngram_index_build,
     ngram_index_extend,
 )
+from specdec_kernels.ops.processing import process_logits
 from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample, sampling_offsets
 from specdec_kernels.ops.verify_inputs import (
     VerifyInputs,
@@ -51,6 +52,7 @@ __all__ = [
     "ngram_propose",
     "plan_draft_lengths",
     "prepare_verify_inputs",
+    "process_logits",
     "rejection_sample",
     "sampling_offsets",
     "update_acceptance_stats",

@@ -209,6 +209,57 @@ def _rejection_public(a: dict) -> tuple:
     return tuple(out) if a["return_logprobs"] else tuple(out[:2])
 
 
+# ----------------------------------------------------------------------------- processing
+
+
+def _processing_args(mode: str) -> dict:
+    g = torch.Generator().manual_seed(len(mode))
+    B, V, R, L = 4, 37, 5, 12
+    cu = i32([0, 2, 2, 5, 6])
+    logits = torch.randn(6 + B + 1, V, generator=g) * 3  # one row past the batch
+    token_ids = torch.randint(0, 6, (R, L), generator=g, dtype=I32)
+    a = dict(
+        target_logits=logits.to(torch.bfloat16) if mode == "bare" else logits,
+        draft_token_ids=torch.randint(0, 6, (7,), generator=g, dtype=I32),
+        cu_num_draft_tokens=cu, token_ids=token_ids, num_tokens=i32([9, 12, 4, 7, 1]),
+        num_prompt_tokens=i32([3, 5, 4, 2, 0]), req_indices=i32([3, -1, 0, 1]),
+        repetition_penalty=None, frequency_penalty=None, presence_penalty=None,
+        logit_bias_ids=None, logit_bias_values=None, allowed_token_mask=None, grammar_mask=None,
+        bad_word_ids=None, min_tokens=None, stop_token_ids=None,
+    )  # fmt: skip
+    if mode == "penalties":
+        a.update(
+            repetition_penalty=torch.tensor([1.5, 1.0, 0.8, 1.0]),
+            frequency_penalty=torch.tensor([0.5, 0.0, -0.25, 0.0]),
+            presence_penalty=torch.tensor([0.0, 0.3, 1.0, 0.0]),
+            logit_bias_ids=i32([[1, 1, -1], [2, 3, 4], [36, -1, -1], [0, 5, -1]]),
+            logit_bias_values=torch.randn(B, 3, generator=g),
+        )
+    if mode == "masks":
+        W = (V + 31) // 32
+        words = torch.randint(0, 6, (B, 3, 3), generator=g, dtype=I32)
+        words[:, 0, 1:] = -1  # one-token words: always banned
+        words[:, 1, 2] = -1
+        a.update(
+            allowed_token_mask=torch.randint(-(2**31), 2**31 - 1, (B, W), generator=g, dtype=I32),
+            grammar_mask=torch.randint(-(2**31), 2**31 - 1, (11, W), generator=g, dtype=I32),
+            bad_word_ids=words, min_tokens=i32([8, 0, 3, 2]),
+            stop_token_ids=i32([[1, -1], [2, 3], [4, 5], [0, 36]]),
+        )  # fmt: skip
+    return a
+
+
+def _processing_public(a: dict) -> tuple:
+    rest = {k: v for k, v in a.items() if k not in ("target_logits", "draft_token_ids",
+            "cu_num_draft_tokens", "token_ids", "num_tokens", "num_prompt_tokens")}  # fmt: skip
+    return (
+        ops.process_logits(
+            a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], a["token_ids"],
+            a["num_tokens"], a["num_prompt_tokens"], **rest,
+        ),
+    )  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- verify inputs
 
 VERIFY_ROWS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11, 12, 13, 14]]
@@ -387,6 +438,10 @@ CASES: list[OpCase] = [
     *(
         OpCase("rejection_sample", m, lambda m=m: _rejection_args(m), _rejection_public)
         for m in ("greedy", "sampled", "filters", "probs")
+    ),
+    *(
+        OpCase("process_logits", m, lambda m=m: _processing_args(m), _processing_public)
+        for m in ("bare", "penalties", "masks")
     ),
     OpCase("compute_slot_mapping", "paged", lambda: _slot_args(paged=True), _slot_public),
     OpCase("compute_slot_mapping", "contiguous", lambda: _slot_args(paged=False), _slot_public),

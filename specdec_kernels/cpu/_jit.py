@@ -164,3 +164,13 @@ def scratch(n: int) -> np.ndarray:
         buf = np.empty(max(n, 1 << 16), dtype=np.float32)
         _SCRATCH.buf = buf
     return buf
+
+
+def zeroed_i32(n: int) -> np.ndarray:
+    """An int32 buffer of at least ``n`` zeros, reused from call to call in each thread; a
+    kernel that writes it must leave it all zero again (``cpu/processing.py``'s counts)."""
+    buf = getattr(_SCRATCH, "zeros", None)
+    if buf is None or buf.shape[0] < n:
+        buf = np.zeros(max(n, 1 << 16), dtype=np.int32)
+        _SCRATCH.zeros = buf
+    return buf

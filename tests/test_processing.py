@@ -1,0 +1,397 @@
+"""process_logits (family ``processing``): named cases per feature, reference == CPU path ==
+Triton kernel bit for bit on random batches, output invariance of coupled verification
+with every feature on, errors.
+
+Contract in ``docs/design.md``; the registration tiers (opcheck, compile, fakes, poisoned
+outputs) are tests/test_conformance.py's. The Triton launcher runs on CPU tensors under the
+interpreter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_kernels.cpu import processing as cpu_processing
+from specdec_kernels.kernels import processing as triton_processing
+from specdec_kernels.ops import process_logits, rejection_sample
+from specdec_kernels.reference import processing as ref_processing
+from tests.bookkeeping_helpers import KERNEL_DEVICE
+
+I32 = torch.int32
+NEG = float("-inf")
+FEATURES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias_ids",
+            "logit_bias_values", "allowed_token_mask", "grammar_mask", "bad_word_ids",
+            "min_tokens", "stop_token_ids")  # fmt: skip
+
+
+def i32(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=I32)
+
+
+def bits(allowed: list[list[int]], V: int) -> torch.Tensor:
+    """int32 ``[rows, ceil(V/32)]`` bitmasks allowing exactly the given ids."""
+    out = torch.zeros(len(allowed), (V + 31) // 32, dtype=torch.int64)
+    for r, ids in enumerate(allowed):
+        for t in ids:
+            out[r, t // 32] |= 1 << (t % 32)
+    return torch.where(out >= 2**31, out - 2**32, out).to(I32)
+
+
+def full_args(**kw) -> dict:
+    """Every schema argument (the features absent unless given)."""
+    a = dict.fromkeys(FEATURES)
+    a["req_indices"] = None
+    a.update(kw)
+    return a
+
+
+def run(impl: str, a: dict) -> torch.Tensor:
+    if impl == "public":
+        pos = [a[n] for n in ("target_logits", "draft_token_ids", "cu_num_draft_tokens",
+                              "token_ids", "num_tokens", "num_prompt_tokens")]  # fmt: skip
+        rest = {n: a[n] for n in ("req_indices", *FEATURES)}
+        return process_logits(*pos, **rest)
+    if impl == "triton":
+        on = {n: t.to(KERNEL_DEVICE) if isinstance(t, torch.Tensor) else t for n, t in a.items()}
+        return triton_processing.process_logits(**on).cpu()
+    module = {"reference": ref_processing, "cpu": cpu_processing}[impl]
+    return module.process_logits(**a)
+
+
+def same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Bit for bit, NaN where NaN."""
+    return got.dtype == want.dtype and torch.equal(got.view(I32), want.view(I32))
+
+
+# ---------------------------------------------------------------- named cases
+
+# One request (state row 0), prompt [0, 1], output [2, 2], drafts [3, 2], V = 6: rows 0..2.
+LOGITS = torch.tensor([[2.0, -1.0, 3.0, 1.0, 0.5, -2.0]] * 3)
+BASE = dict(
+    target_logits=LOGITS, draft_token_ids=i32([3, 2]), cu_num_draft_tokens=i32([0, 2]),
+    token_ids=i32([[0, 1, 2, 2, 9, 9]]), num_tokens=i32([4]), num_prompt_tokens=i32([2]),
+)  # fmt: skip
+ONES = torch.ones(1)
+ZEROS = torch.zeros(1)
+
+CASES = {
+    # seen in the prompt (0, 1) or output (2; 3 from row 2 on): l / 2 if l > 0 else l * 2
+    "repetition-prompt-output-and-drafts": (
+        dict(
+            repetition_penalty=torch.tensor([2.0]), frequency_penalty=ZEROS, presence_penalty=ZEROS
+        ),  # fmt: skip
+        [
+            [1.0, -2.0, 1.5, 1.0, 0.5, -2.0],
+            [1.0, -2.0, 1.5, 0.5, 0.5, -2.0],
+            [1.0, -2.0, 1.5, 0.5, 0.5, -2.0],
+        ],
+    ),
+    # output counts: row 0 {2: 2}, row 1 {2: 2, 3: 1}, row 2 {2: 3, 3: 1}; the prompt never
+    "frequency-counts-drafts-not-the-prompt": (
+        dict(
+            repetition_penalty=ONES, frequency_penalty=torch.tensor([0.5]), presence_penalty=ZEROS
+        ),  # fmt: skip
+        [
+            [2.0, -1.0, 2.0, 1.0, 0.5, -2.0],
+            [2.0, -1.0, 2.0, 0.5, 0.5, -2.0],
+            [2.0, -1.0, 1.5, 0.5, 0.5, -2.0],
+        ],
+    ),
+    "presence-once-per-token": (
+        dict(
+            repetition_penalty=ONES, frequency_penalty=ZEROS, presence_penalty=torch.tensor([1.0])
+        ),
+        [
+            [2.0, -1.0, 2.0, 1.0, 0.5, -2.0],
+            [2.0, -1.0, 2.0, 0.0, 0.5, -2.0],
+            [2.0, -1.0, 2.0, 0.0, 0.5, -2.0],
+        ],
+    ),
+    # bias first (0: 2 - 3 = -1 < 0, so the repetition penalty multiplies), a repeated id adds twice
+    "bias-before-repetition-repeated-id": (
+        dict(
+            logit_bias_ids=i32([[0, 5, 5, -1]]),
+            logit_bias_values=torch.tensor([[-3.0, 1.0, 1.0, 9.0]]),
+            repetition_penalty=torch.tensor([2.0]),
+            frequency_penalty=ZEROS,
+            presence_penalty=ZEROS,
+        ),  # fmt: skip
+        [
+            [-2.0, -2.0, 1.5, 1.0, 0.5, 0.0],
+            [-2.0, -2.0, 1.5, 0.5, 0.5, 0.0],
+            [-2.0, -2.0, 1.5, 0.5, 0.5, 0.0],
+        ],
+    ),
+    "allowed-tokens-per-request": (
+        dict(allowed_token_mask=bits([[1, 3]], 6)),
+        [[NEG, -1.0, NEG, 1.0, NEG, NEG]] * 3,
+    ),
+    "grammar-mask-per-row": (
+        dict(grammar_mask=bits([[0, 1, 2, 3, 4, 5], [2], [4, 5]], 6)),
+        [
+            [2.0, -1.0, 3.0, 1.0, 0.5, -2.0],
+            [NEG, NEG, 3.0, NEG, NEG, NEG],
+            [NEG, NEG, NEG, NEG, 0.5, -2.0],
+        ],
+    ),
+    # [4]: always; [2, 0]: after the output's 2 (rows 0 and 2, not row 1 after draft 3);
+    # [3, 2, 1]: after drafts 3, 2 (row 2); [1, 2, 2, 5]: its prefix reaches into the prompt
+    "bad-words-prefix-in-output-and-drafts": (
+        dict(bad_word_ids=i32([[[4, -1, -1, -1], [2, 0, -1, -1], [3, 2, 1, -1], [1, 2, 2, 5]]])),
+        [
+            [NEG, -1.0, 3.0, 1.0, NEG, -2.0],
+            [2.0, -1.0, 3.0, 1.0, NEG, -2.0],
+            [NEG, NEG, 3.0, 1.0, NEG, -2.0],
+        ],
+    ),
+    # output counts 2, 3, 4 at rows 0, 1, 2: stop tokens banned while below 4
+    "min-tokens-until-the-rows-count": (
+        dict(min_tokens=i32([4]), stop_token_ids=i32([[5, 1, -1]])),
+        [
+            [2.0, NEG, 3.0, 1.0, 0.5, NEG],
+            [2.0, NEG, 3.0, 1.0, 0.5, NEG],
+            [2.0, -1.0, 3.0, 1.0, 0.5, -2.0],
+        ],
+    ),
+    "padding-row-copied": (
+        dict(req_indices=i32([-1]), allowed_token_mask=bits([[1]], 6)),
+        LOGITS.tolist(),
+    ),
+}
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu", "triton", "public"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_named_case(name, impl):
+    features, want = CASES[name]
+    got = run(impl, full_args(**BASE, **features))
+    assert got.tolist() == want
+
+
+def test_rows_past_the_batch_and_requests_without_drafts_are_processed_as_positions():
+    # two requests, k_b = 0 and 1, one extra row past the batch (copied)
+    logits = torch.arange(4 * 3, dtype=torch.float32).reshape(4, 3) - 5.0
+    a = full_args(
+        target_logits=logits, draft_token_ids=i32([2]), cu_num_draft_tokens=i32([0, 0, 1]),
+        token_ids=i32([[1, 0], [0, 0]]), num_tokens=i32([2, 1]), num_prompt_tokens=i32([1, 1]),
+        repetition_penalty=torch.tensor([1.0, 1.0]), frequency_penalty=torch.tensor([1.0, 1.0]),
+        presence_penalty=torch.zeros(2),
+    )  # fmt: skip
+    want = logits.clone()
+    want[0, 0] -= 1  # request 0: output [0]
+    want[2, 2] -= 1  # request 1, row 1: draft 2
+    for impl in ("reference", "cpu", "triton"):
+        assert same(run(impl, a), want), impl
+
+
+def test_target_logits_are_not_modified():
+    a = full_args(**BASE, repetition_penalty=torch.tensor([2.0]), frequency_penalty=ONES,
+                  presence_penalty=ONES, allowed_token_mask=bits([[1]], 6))  # fmt: skip
+    before = a["target_logits"].clone()
+    for impl in ("reference", "cpu", "triton", "public"):
+        run(impl, a)
+        assert torch.equal(a["target_logits"], before), impl
+
+
+# ---------------------------------------------------------------- random batches
+
+
+def random_args(seed: int, *, dtype=torch.float32, V=45, transposed=False) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    B, k, R, L = 5, 3, 7, 14
+    counts = torch.randint(0, k + 1, (B,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(I32)
+    N = int(cu[-1])
+    rows = N + B + 2
+    logits = torch.randn(rows, V, generator=g) * 4
+    logits[0, 1] = float("nan")
+    logits[1, :3] = float("-inf")
+    if transposed:
+        logits = logits.t().contiguous().t()
+    logits = logits.to(dtype)
+    token_ids = torch.randint(0, 7, (R, L), generator=g, dtype=I32)
+    num_tokens = torch.randint(0, L + 1, (R,), generator=g, dtype=I32)
+    num_prompt = (num_tokens * torch.rand(R, generator=g)).to(I32)
+    req = torch.randperm(R, generator=g)[:B].to(I32)
+    req[int(torch.randint(0, B, (1,), generator=g))] = -1
+    words = torch.randint(0, 7, (B, 4, 3), generator=g, dtype=I32)
+    cut = torch.randint(0, 4, (B, 4), generator=g)
+    words[torch.arange(3)[None, None, :] >= cut[:, :, None]] = -1
+    W = (V + 31) // 32
+    rand_bits = lambda n: torch.randint(-(2**31), 2**31, (n, W), generator=g, dtype=torch.int64)  # noqa: E731
+    return full_args(
+        target_logits=logits,
+        draft_token_ids=torch.randint(-1, 7, (N + 2,), generator=g, dtype=I32),
+        cu_num_draft_tokens=cu, token_ids=token_ids, num_tokens=num_tokens,
+        num_prompt_tokens=num_prompt, req_indices=req,
+        repetition_penalty=torch.tensor([1.0, 1.3, 0.7, 2.0, 1.0]),
+        frequency_penalty=torch.tensor([0.5, 0.0, -0.3, 1.0, 0.0]),
+        presence_penalty=torch.tensor([0.2, 0.4, 0.0, -1.0, 0.0]),
+        logit_bias_ids=torch.randint(-1, V, (B, 3), generator=g, dtype=I32),
+        logit_bias_values=torch.randn(B, 3, generator=g),
+        allowed_token_mask=(rand_bits(B) | 0xFF).to(I32),
+        grammar_mask=(rand_bits(rows) | 0x0F).to(I32), bad_word_ids=words,
+        min_tokens=torch.randint(0, 12, (B,), generator=g, dtype=I32),
+        stop_token_ids=torch.randint(-1, 7, (B, 2), generator=g, dtype=I32),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(
+    "dtype,transposed",
+    [(torch.float32, False), (torch.bfloat16, False), (torch.float16, True)],
+)
+def test_cpu_and_triton_equal_the_reference_bit_for_bit(seed, dtype, transposed):
+    a = random_args(seed, dtype=dtype, transposed=transposed)
+    want = run("reference", a)
+    for impl in ("cpu", "triton"):
+        assert same(run(impl, a), want), impl
+
+
+@pytest.mark.parametrize("drop", ["penalties", "bias", "masks", "bad", "min", "all"])
+def test_each_feature_alone_or_absent_matches_the_reference(drop):
+    a = random_args(3)
+    groups = {
+        "penalties": ("repetition_penalty", "frequency_penalty", "presence_penalty"),
+        "bias": ("logit_bias_ids", "logit_bias_values"),
+        "masks": ("allowed_token_mask", "grammar_mask"),
+        "bad": ("bad_word_ids",),
+        "min": ("min_tokens", "stop_token_ids"),
+    }
+    off = FEATURES if drop == "all" else groups[drop]
+    a.update(dict.fromkeys(off))
+    want = run("reference", a)
+    if drop == "all":  # nothing on: every row is the input
+        assert same(want, a["target_logits"].float())
+    for impl in ("cpu", "triton", "public"):
+        assert same(run(impl, a), want), impl
+
+
+# ---------------------------------------------------------------- output invariance
+
+V_TOY = 24
+EOS = 1
+
+
+def toy_logits(context: list[int]) -> torch.Tensor:
+    """A deterministic 'model': logits from a hash of the last three tokens."""
+    g = torch.Generator().manual_seed(hash(tuple(context[-3:])) % (2**31))
+    return torch.randn(V_TOY, generator=g) * 3
+
+
+def toy_grammar(context: list[int]) -> list[int]:
+    """A 'grammar' whose allowed set depends on the context: no token repeats the last one."""
+    return [t for t in range(V_TOY) if t != context[-1]]
+
+
+def features_for(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    words = i32([[[5, -1], [7, 8]]])
+    return dict(
+        repetition_penalty=torch.tensor([1.0 + float(torch.rand(1, generator=g))]),
+        frequency_penalty=torch.tensor([float(torch.rand(1, generator=g))]),
+        presence_penalty=torch.tensor([float(torch.rand(1, generator=g)) - 0.5]),
+        logit_bias_ids=i32([[2, 3]]), logit_bias_values=torch.tensor([[1.5, -0.5]]),
+        allowed_token_mask=bits([list(range(V_TOY - 3))], V_TOY), bad_word_ids=words,
+        min_tokens=i32([6]), stop_token_ids=i32([[EOS]]),
+    )  # fmt: skip
+
+
+def step(prompt_len, tokens, drafts, temperature, seed, feats):
+    """One verify step of the toy model with every feature: the emitted tokens."""
+    contexts = [tokens + drafts[:j] for j in range(len(drafts) + 1)]
+    logits = torch.stack([toy_logits(c) for c in contexts])
+    grammar = bits([toy_grammar(c) for c in contexts], V_TOY)
+    L = len(tokens)
+    token_ids = torch.zeros(1, 64, dtype=I32)
+    token_ids[0, :L] = i32(tokens)
+    processed = process_logits(
+        logits, i32(drafts) if drafts else torch.zeros(0, dtype=I32), i32([0, len(drafts)]),
+        token_ids, i32([L]), i32([prompt_len]), grammar_mask=grammar, **feats,
+    )  # fmt: skip
+    out = rejection_sample(
+        processed, i32(drafts) if drafts else torch.zeros(0, dtype=I32), i32([0, len(drafts)]),
+        num_speculative_tokens=max(len(drafts), 0), temperature=torch.tensor([temperature]),
+        seeds=torch.tensor([seed]), offsets=torch.tensor([L - 1]),
+    )  # fmt: skip
+    return out.output_token_ids[0, : int(out.num_emitted[0])].tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_verification_of_processed_rows_emits_what_plain_decoding_emits(seed, temperature):
+    feats = features_for(seed)
+    prompt = [4, 9, 5, 7]
+    plain = list(prompt)
+    while len(plain) < len(prompt) + 14:
+        plain += step(len(prompt), plain, [], temperature, seed, feats)
+    g = torch.Generator().manual_seed(100 + seed)
+    spec = list(prompt)
+    steps = 0
+    while len(spec) < len(plain):
+        steps += 1
+        ahead = plain[len(spec) : len(spec) + 4]  # the plain sampler's own tokens, perturbed
+        drafts = [t if float(torch.rand(1, generator=g)) < 0.8 else (t + 1) % V_TOY for t in ahead]
+        spec += step(len(prompt), spec, drafts, temperature, seed, feats)
+    assert spec[: len(plain)] == plain
+    assert steps < len(plain) - len(prompt)  # drafts were accepted
+    out = plain[len(prompt) :]
+    assert 5 not in out and EOS not in out[:6]  # a one-token bad word, min_tokens
+    assert all(a != b for a, b in zip(plain[len(prompt) - 1 :], out, strict=False))  # the grammar
+    assert max(out) < V_TOY - 3  # the allowed tokens
+
+
+# ---------------------------------------------------------------- errors
+
+
+def base_public(**kw):
+    a = dict(BASE)
+    pos = [a.pop(n) for n in ("target_logits", "draft_token_ids", "cu_num_draft_tokens",
+                              "token_ids", "num_tokens", "num_prompt_tokens")]  # fmt: skip
+    for n in list(kw):
+        if n in ("target_logits", "num_prompt_tokens", "num_tokens", "cu_num_draft_tokens"):
+            pos[["target_logits", "draft_token_ids", "cu_num_draft_tokens", "token_ids",
+                 "num_tokens", "num_prompt_tokens"].index(n)] = kw.pop(n)  # fmt: skip
+    return process_logits(*pos, **kw)
+
+
+ERRORS = [
+    (dict(repetition_penalty=torch.tensor([0.0])), r"repetition_penalty must lie in \(0"),
+    (dict(repetition_penalty=torch.tensor([float("inf")])), "repetition_penalty must lie in"),
+    (dict(frequency_penalty=torch.tensor([float("nan")])), "frequency_penalty must lie in"),
+    (dict(presence_penalty=torch.ones(2)), r"presence_penalty must have shape \(1,\)"),
+    (dict(logit_bias_ids=i32([[6]]), logit_bias_values=torch.ones(1, 1)),
+     r"logit_bias_ids must lie in \[-1, 5\]"),
+    (dict(logit_bias_ids=i32([[1]])), "logit_bias_ids and logit_bias_values go together"),
+    (dict(logit_bias_ids=i32([[1]]), logit_bias_values=torch.tensor([[float("inf")]])),
+     "logit_bias_values must lie in"),
+    (dict(allowed_token_mask=torch.zeros(1, 2, dtype=I32)),
+     r"allowed_token_mask must have shape \(1, 1\)"),
+    (dict(grammar_mask=torch.zeros(2, 1, dtype=I32)), "grammar_mask must have at least"),
+    (dict(grammar_mask=torch.zeros(3, 2, dtype=I32)), r"grammar_mask must have shape \(3, 1\)"),
+    (dict(bad_word_ids=torch.zeros(1, 1, 7, dtype=I32)), "longer than max_model_len"),
+    (dict(bad_word_ids=i32([[[6, -1]]])), r"bad_word_ids must lie in \[-1, 5\]"),
+    (dict(min_tokens=i32([-1]), stop_token_ids=i32([[1]])), r"min_tokens must lie in \[0"),
+    (dict(min_tokens=i32([1])), "min_tokens and stop_token_ids go together"),
+    (dict(target_logits=torch.zeros(2, 6)), "target_logits must have at least"),
+    (dict(num_prompt_tokens=i32([5])), r"num_prompt_tokens must lie in \[0, num_tokens\]"),
+    (dict(cu_num_draft_tokens=i32([0, 3])), r"cu_num_draft_tokens\[B\] must be <="),
+    (dict(repetition_penalty=torch.tensor([1.0], dtype=torch.float64)), "repetition_penalty"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kw,match", ERRORS, ids=[m for _, m in ERRORS])
+def test_bad_input_raises_a_value_error(kw, match):
+    with pytest.raises(ValueError, match=match):
+        base_public(**kw)
+
+
+def test_the_op_takes_the_three_penalties_together():
+    a = full_args(**BASE, repetition_penalty=torch.tensor([2.0]))
+    for impl in ("cpu", "triton"):
+        with pytest.raises(ValueError, match="together"):
+            run(impl, a)
+    # the wrapper fills the others with their neutral values
+    neutral = {**a, "frequency_penalty": torch.zeros(1), "presence_penalty": torch.zeros(1)}
+    assert same(run("public", a), run("reference", neutral))
