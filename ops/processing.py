@@ -263,11 +263,14 @@ def process_logits(
             if t is not None:
                 check_value_range(name, t, -FLOAT32_MAX, FLOAT32_MAX, "finite; 0 = off")
         if bias_values is not None:
-            check_value_range("logit_bias_values", bias_values, -FLOAT32_MAX, FLOAT32_MAX, "finite")
+            check_value_range(
+                "logit_bias_values", bias_values.view(-1), -FLOAT32_MAX, FLOAT32_MAX, "finite"
+            )  # flat: one numba pass
         for name, t in (("logit_bias_ids", bias_ids), ("bad_word_ids", bad),
                         ("stop_token_ids", stops)):  # fmt: skip
             if t is not None:
-                check_value_range(name, t, -1, V - 1, f"token ids, -1 = padding; V = {V}")
+                what = f"token ids, -1 = padding; V = {V}"
+                check_value_range(name, t.view(-1), -1, V - 1, what)  # flat: one numba pass
         if min_tokens is not None:
             check_value_range("min_tokens", min_tokens, 0, _INT32_MAX)
 

@@ -1,14 +1,17 @@
 """The CPU logits processing: ``process_logits`` as one numba kernel (``cpu/_jit.py``).
 
-Every row is copied (widened to fp32); then, per request, its verify rows in order. With
-penalties, the request's history is counted once into a per-thread int32 array ``[V]``
-(output occurrences, and bit 30 for "seen in the prompt") with the list of its distinct
-tokens; row ``j`` adds draft ``d_{j-1}`` to the counts, so the work per request is
-O(history + rows x (distinct tokens + bias entries)) plus O(V) per row for the copy and for
-each dense mask; the counts are zeroed again through the same list. Bad words compare their
-prefix with the last output tokens (drafts first), min_tokens bans the stop tokens while
-the row's output count is below it. Contract: ``docs/design.md``, "``process_logits``".
-"""
+Per request, its verify rows in order, each copied (widened to fp32) just before it is
+processed, so the masks find it in the cache. With penalties, the request's history is
+counted once into a per-thread int32 array ``[V]`` (output occurrences, and bit 30 for
+"seen in the prompt") with the list of its distinct tokens; row ``j`` adds draft
+``d_{j-1}`` to the counts, so the work per request is O(history + rows x (distinct tokens +
+bias entries)) plus O(V) per row for the copy and for each mask; the counts are zeroed
+again through the same list. A bitmask is unpacked to one byte per token through a table
+(the allowed-token mask once per request, the grammar mask per row) and applied as a
+select on every lane, which vectorises. Bad words compare their prefix with the last
+output tokens (drafts first); min_tokens bans the stop tokens while the row's output count
+is below it. Rows of padding requests and past the batch are copied at the end. Contract:
+``docs/design.md``, "``process_logits``"."""
 
 from __future__ import annotations
 
@@ -52,12 +55,36 @@ def require_together(repetition_penalty, frequency_penalty, presence_penalty, lo
             raise ValueError(f"specdec::process_logits takes {names} together")
 
 
+_BYTE_BITS = ((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1).astype(np.bool_)
+"""``_BYTE_BITS[v, i]``: bit ``i`` of the byte ``v`` (a table instead of a variable shift,
+which numba guards with a branch that stops a loop vectorising)."""
+
+
 @jit
-def _banned(x, words, b, V):
-    """``x = -inf`` where bit ``t % 32`` of ``words[b, t // 32]`` is clear."""
+def _unpack(words, b, V, keep):
+    """``keep[t]`` = bit ``t % 32`` of ``words[b, t // 32]``, for ``t < V``."""
+    row = words[b]
+    for q in range((V + 7) >> 3):
+        bits = _BYTE_BITS[(row[q >> 2] >> ((q & 3) << 3)) & 0xFF]
+        for i in range(min(8, V - (q << 3))):
+            keep[(q << 3) + i] = bits[i]
+
+
+@jit
+def _select(x, keep, V):
+    """``x = -inf`` where ``keep`` is false (a select on every lane: it vectorises)."""
     for i in range(V):
-        if ((words[b, i >> 5] >> (i & 31)) & 1) == 0:
-            x[i] = NEG_INF
+        x[i] = x[i] if keep[i] else NEG_INF
+
+
+@jit
+def _copy_row(l32, l16, bf16, g, out):
+    """Row ``g`` of the logits, widened to fp32, into ``out[g]``."""
+    if bf16:
+        for i in range(out.shape[1]):
+            out[g, i] = as_float32(l16[g, i])
+    else:
+        out[g, :] = l32[g, :]
 
 
 @jit
@@ -73,21 +100,16 @@ def _past(drafts, lo, j, token_ids, r, L, q):
 def _process(
     l32, l16, bf16, drafts, cu, token_ids, num_tokens, num_prompt, req, has_req, rp, fp, pp,
     has_pen, bias_ids, bias_values, allowed, has_allowed, grammar, has_grammar, bad, min_tok,
-    stops, has_min, out, counts, uniq,
+    stops, has_min, out, counts, uniq, keep, keep_row,
 ):  # fmt: skip
     n_rows, V = out.shape
     R, L_max = token_ids.shape
     B = cu.shape[0] - 1
-    for g in range(n_rows):
-        if bf16:
-            for i in range(V):
-                out[g, i] = as_float32(l16[g, i])
-        else:
-            out[g, :] = l32[g, :]
+    copied = np.zeros(n_rows, dtype=np.bool_)
     for b in range(B):
         r = req[b] if has_req else b
         if r < 0 or r >= R:
-            continue  # a padding row keeps its logits
+            continue  # a padding row keeps its logits (copied below)
         lo = cu[b]
         kb = max(cu[b + 1] - lo, 0)
         L = min(max(num_tokens[r], 0), L_max)
@@ -117,6 +139,8 @@ def _process(
                         uniq[nu] = d
                         nu += 1
                     counts[d] += 1
+            _copy_row(l32, l16, bf16, g, out)  # each row just before it is processed:
+            copied[g] = True  # it is still in the cache for the masks
             x = out[g]
             for m in range(bias_ids.shape[1]):
                 t = bias_ids[b, m]
@@ -136,9 +160,12 @@ def _process(
                         v = v - pb
                     x[t] = v
             if has_allowed:
-                _banned(x, allowed, b, V)
+                if j == 0:  # once per request
+                    _unpack(allowed, b, V, keep)
+                _select(x, keep, V)
             if has_grammar:
-                _banned(x, grammar, g, V)
+                _unpack(grammar, g, V, keep_row)
+                _select(x, keep_row, V)
             for s in range(bad.shape[1]):
                 n_w = 0
                 while n_w < bad.shape[2] and bad[b, s, n_w] >= 0:
@@ -158,6 +185,9 @@ def _process(
                         x[stops[b, s]] = NEG_INF
         for u in range(nu):
             counts[uniq[u]] = 0
+    for g in range(n_rows):
+        if not copied[g]:
+            _copy_row(l32, l16, bf16, g, out)
 
 
 def process_logits(
@@ -185,5 +215,7 @@ def process_logits(
         opt(grammar_mask, NONE_I32_2D), grammar_mask is not None, opt(bad_word_ids, NONE_I32_3D),
         opt(min_tokens, NONE_I32), opt(stop_token_ids, NONE_I32_2D), min_tokens is not None, arr,
         zeroed_i32(V) if has_pen else NONE_I32, uniq,
+        np.empty(V if allowed_token_mask is not None else 0, dtype=np.bool_),
+        np.empty(V if grammar_mask is not None else 0, dtype=np.bool_),
     )  # fmt: skip
     return out

@@ -1,0 +1,147 @@
+"""``process_logits`` cases: the library's CPU path vs the torch processing an engine runs
+without it (vLLM 0.33.0's, restated in ``bench/baselines/penalties_torch.py``).
+
+``step=process``: the processing alone; ``bare`` is ``process_logits`` with nothing on (a
+copy of the rows: the floor of any processing). ``step=verify``: processing then
+``rejection_sample`` vs ``rejection_sample`` on the raw rows (``verify``: what every feature
+costs a verify step) and vs the torch processing then ``rejection_sample``. ``features=all``:
+repetition, frequency and presence penalties, 8 logit-bias entries, an allowed-token mask,
+4 bad words, min_tokens with 2 stop tokens; ``features=neutral``: penalties 1, 0, 0 only.
+Histories are real text (``bench/data.py``), half prompt, half output; ``k = 4``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from bench import data
+from bench.baselines.penalties_torch import process_logits_torch
+from bench.harness import OP, Case
+from specdec_kernels.ops import process_logits, rejection_sample
+
+OP_NAME = "process_logits"
+K = 4
+SPECS = [
+    {"B": b, "V": v, "L": 1024, "features": "all", "step": s}
+    for s, v, b in itertools.product(("process", "verify"), (32000, 151936), (1, 8, 64))
+]
+SPECS += [{"B": 8, "V": 32000, "L": 8192, "features": "all", "step": "process"}]
+SPECS += [{"B": 8, "V": 32000, "L": 1024, "features": "neutral", "step": "process"}]
+QUICK_SPECS = [
+    {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
+    for f, s in (("all", "process"), ("all", "verify"), ("neutral", "process"))
+]
+BASELINES = ["torch", "bare", "verify"]
+
+
+def _inputs(B: int, V: int, L: int, features: str) -> tuple[dict, dict]:
+    """The op's arguments and, per verify row, the baseline's."""
+    inp = data.verify_logits(B, K, V)
+    token_ids, num_tokens = data.ngram_histories(B, L)
+    token_ids = token_ids % V
+    prompt = torch.full((B,), L // 2, dtype=torch.int32)
+    g = torch.Generator().manual_seed(B * 7 + V)
+    kw = dict(
+        repetition_penalty=torch.full((B,), 1.2), frequency_penalty=torch.full((B,), 0.3),
+        presence_penalty=torch.full((B,), 0.2),
+    )  # fmt: skip
+    if features == "neutral":
+        kw = dict(repetition_penalty=torch.ones(B), frequency_penalty=torch.zeros(B),
+                  presence_penalty=torch.zeros(B))  # fmt: skip
+    allowed = torch.rand(B, V, generator=g) < 0.9
+    words = torch.randint(0, V, (B, 4, 3), generator=g, dtype=torch.int32)
+    words[:, :2, 1:] = -1  # two one-token words, two of three tokens
+    if features == "all":
+        padded = torch.zeros(B, (V + 31) // 32 * 32, dtype=torch.int64)
+        padded[:, :V] = allowed.long()
+        packed = (padded.view(B, -1, 32) << torch.arange(32)).sum(-1)
+        kw.update(
+            logit_bias_ids=torch.randint(0, V, (B, 8), generator=g, dtype=torch.int32),
+            logit_bias_values=torch.randn(B, 8, generator=g),
+            allowed_token_mask=torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32),
+            bad_word_ids=words, min_tokens=torch.full((B,), L, dtype=torch.int32),
+            stop_token_ids=torch.randint(0, V, (B, 2), generator=g, dtype=torch.int32),
+        )  # fmt: skip
+    op = dict(inp, token_ids=token_ids, num_tokens=num_tokens, num_prompt_tokens=prompt, kw=kw)
+
+    drafts = inp["draft_token_ids"].view(B, K).tolist()
+    rows = {n: [] for n in ("prompts", "outputs", "bias", "words", "min", "stops")}
+    per_row = torch.arange(B).repeat_interleave(K + 1)
+    for b in range(B):
+        hist = token_ids[b, :L].tolist()
+        for j in range(K + 1):
+            rows["prompts"].append(hist[: L // 2])
+            rows["outputs"].append(hist[L // 2 :] + drafts[b][:j])
+            if features == "all":
+                ids, vals = kw["logit_bias_ids"][b].tolist(), kw["logit_bias_values"][b].tolist()
+                entries: dict[int, float] = {}
+                for t, v in zip(ids, vals, strict=True):
+                    entries[t] = entries.get(t, 0.0) + v
+                rows["bias"].append(entries)
+                rows["words"].append([[t for t in w if t >= 0] for w in words[b].tolist()])
+                rows["min"].append(L)
+                rows["stops"].append(kw["stop_token_ids"][b].tolist())
+            else:
+                rows["bias"].append({})
+                rows["words"].append([])
+                rows["min"].append(0)
+                rows["stops"].append([])
+    base = dict(
+        prompts=rows["prompts"], outputs=rows["outputs"],
+        repetition=kw["repetition_penalty"][per_row], frequency=kw["frequency_penalty"][per_row],
+        presence=kw["presence_penalty"][per_row], bias=rows["bias"],
+        disallowed=~allowed[per_row] if features == "all" else None, bad_words=rows["words"],
+        min_tokens=rows["min"], stop_ids=rows["stops"],
+    )  # fmt: skip
+    return op, base
+
+
+def bytes_moved(B: int, V: int, L: int) -> int:
+    """The ``B (k+1)`` rows read (fp32) and written (fp32), the histories read."""
+    return B * (K + 1) * V * 8 + B * L * 4
+
+
+def build(spec: dict) -> Case:
+    B, V, L, features, step = (spec[n] for n in ("B", "V", "L", "features", "step"))
+    op, base = _inputs(B, V, L, features)
+    args = (op["target_logits"], op["draft_token_ids"], op["cu_num_draft_tokens"],
+            op["token_ids"], op["num_tokens"], op["num_prompt_tokens"])  # fmt: skip
+    verify_args = (op["draft_token_ids"], op["cu_num_draft_tokens"])
+
+    def processed():
+        return process_logits(*args, **op["kw"])
+
+    def torch_processed():
+        return process_logits_torch(op["target_logits"], **base)
+
+    def verify(rows):
+        return rejection_sample(rows, *verify_args, num_speculative_tokens=K)
+
+    if step == "process":
+        impls = {OP: processed, "torch": torch_processed, "bare": lambda: process_logits(*args)}
+    else:
+        impls = {
+            OP: lambda: verify(processed()),
+            "torch": lambda: verify(torch_processed()),
+            "verify": lambda: verify(op["target_logits"]),
+        }
+
+    def check() -> str:
+        got, want = processed(), torch_processed()
+        masked = torch.isinf(want) & (want < 0)
+        assert torch.equal(torch.isinf(got) & (got < 0), masked), "masked tokens differ"
+        torch.testing.assert_close(got[~masked], want[~masked], rtol=1e-6, atol=1e-6)
+        same = torch.equal(verify(got).output_token_ids, verify(want).output_token_ids)
+        assert same, "greedy verification differs"
+        share = float(masked.float().mean())
+        return (f"op == torch processing to 1e-6 ({share:.1%} of entries masked), greedy "
+                "verification identical")  # fmt: skip
+
+    return Case(OP_NAME, dict(spec), impls, check, bytes_moved(B, V, L))
+
+
+def cases(quick: bool = False):
+    for spec in QUICK_SPECS if quick else SPECS:
+        yield build(spec)
