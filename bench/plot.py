@@ -80,6 +80,12 @@ def plot_results(results: list[Result], path: Path, *, title: str = "") -> None:
             s = _series(results, "rejection_sample", "B", ["V", "dtype"], {"mode": mode})
             if s:
                 panels.append((s, ["V", "dtype"], "batch size B", f"rejection_sample, {mode}, k=4"))
+    if "process_logits" in ops:
+        for step in ("process", "verify"):
+            where = {"step": step, "features": "all", "L": 1024}
+            s = _series(results, "process_logits", "B", ["V"], where)
+            if s:
+                panels.append((s, ["V"], "batch size B", f"process_logits, step={step}, k=4"))
     book = [
         o
         for o in ("compute_slot_mapping", "prepare_verify_inputs", "commit_accepted_tokens")

@@ -4,6 +4,8 @@
   produces (float64 weights: in fp32 a 5-token and a 1-token matmul round differently and
   can flip a near-tied argmax);
 - so does sampled decoding (coupled verification), at batch 2 against batch 1;
+- both with each of process_logits' features on (penalties, logit bias, allowed tokens,
+  bad words, min_tokens), and greedy with a repetition penalty equals transformers';
 - the engine's paged-KV forward matches transformers' logits (fp32, max abs error
   <= 2e-3 on logits of magnitude ~40; measured ~1e-4);
 - the CLI's bad-input paths give one line and a non-zero exit.
@@ -195,6 +197,80 @@ def test_sampled_decoding_depends_on_seed_not_on_batch(loaded, model64, prompts)
     together = run(2, [11, 12])
     assert run(1, [11, 12]) == together
     assert run(2, [21, 22]) != together
+
+
+def _feature_params(name, prompts, free, *, temperature=0.0):
+    """One request parameter set per prompt with feature ``name``; ``free`` are the
+    unconstrained greedy outputs (so bans and biases hit tokens the model wants)."""
+    sp = dict(max_tokens=12, temperature=temperature, seed=31)
+    out = []
+    for p, f in zip(prompts, free, strict=True):
+        kw = {
+            "repetition_penalty": dict(repetition_penalty=1.4),
+            "frequency_penalty": dict(frequency_penalty=4.0),
+            "presence_penalty": dict(presence_penalty=4.0),
+            "logit_bias": dict(logit_bias={f[2]: -20.0, p[-1]: 3.0}),
+            "allowed_token_ids": dict(allowed_token_ids=sorted(set(f[:3]))),
+            "bad_words": dict(bad_words=[[f[0]], f[3:5]]),
+            "min_tokens": dict(min_tokens=10),
+        }[name]
+        out.append(SamplingParams(**sp, **kw))
+    return out
+
+
+FEATURES = ["repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
+            "allowed_token_ids", "bad_words", "min_tokens"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def free_greedy(loaded, model64, prompts):
+    stop = [loaded.tokenizer.eos_token_id]
+    return _generate(model64, prompts, k=0, batch=1, max_tokens=[12, 12], stop_ids=stop)[0]
+
+
+@pytest.mark.parametrize("name", FEATURES)
+def test_greedy_speculation_matches_plain_decoding_with_each_feature_float64(
+    name, loaded, model64, prompts, free_greedy
+):
+    stop = [loaded.tokenizer.eos_token_id]
+    params = _feature_params(name, prompts, free_greedy)
+    plain, _ = _generate(model64, prompts, k=0, batch=1, params=params, stop_ids=stop)
+    spec, s4 = _generate(model64, prompts, k=4, batch=2, params=params, stop_ids=stop)
+    assert spec == plain
+    if name != "min_tokens":  # the feature is live: it changed what greedy decoding emits
+        assert plain != free_greedy
+    else:
+        assert all(len(t) >= 10 for t in plain)
+
+
+def test_sampled_speculation_matches_plain_decoding_with_the_features_float64(
+    loaded, model64, prompts, free_greedy
+):
+    stop = [loaded.tokenizer.eos_token_id]
+    # mild values, so that drafts copied from the prompt are still accepted
+    params = _feature_params("logit_bias", prompts, free_greedy, temperature=0.8)
+    for p, f in zip(params, free_greedy, strict=True):
+        p.repetition_penalty, p.frequency_penalty, p.presence_penalty = 1.1, 0.2, 0.1
+        p.bad_words, p.min_tokens = [[f[2]]], 6
+    plain, s0 = _generate(model64, prompts, k=0, batch=1, params=params, stop_ids=stop)
+    spec, s4 = _generate(model64, prompts, k=4, batch=2, params=params, stop_ids=stop)
+    assert spec == plain
+    assert s4.accepted > 0
+
+
+def test_greedy_repetition_penalty_matches_transformers_generate(loaded, prompts):
+    # transformers' RepetitionPenaltyLogitsProcessor is the same rule (prompt + output,
+    # divide positive logits, multiply negative ones); float64 on both sides
+    model = Llama(LlamaConfig.from_dict(loaded.config), loaded.state_dict, dtype=torch.float64)
+    hf = load_hf_model(loaded.path, torch.float64)
+    params = [SamplingParams(max_tokens=12, repetition_penalty=1.3)]
+    ours, _ = _generate(model, prompts[:1], k=4, batch=1, params=params, stop_ids=[-1])
+    with torch.inference_mode():
+        ref = hf.generate(
+            torch.tensor([prompts[0]]), max_new_tokens=12, do_sample=False,
+            repetition_penalty=1.3, eos_token_id=None, pad_token_id=0,
+        )[0, len(prompts[0]) :].tolist()  # fmt: skip
+    assert ours[0] == ref
 
 
 def test_engine_logits_match_transformers(loaded, prompts):

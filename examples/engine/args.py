@@ -112,7 +112,43 @@ def build_parser() -> argparse.ArgumentParser:
         "shared corpus of this many tokens that every finished request joins (default 0: off; "
         "try --prompts examples/engine/prompts_records.json --corpus 65536)",
     )
+    g = p.add_argument_group("logits processing (every request, every run; vLLM's names)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off (default)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="0 = off (default)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="0 = off (default)")
+    g.add_argument(
+        "--logit-bias", type=id_values, default={}, metavar="ID:VALUE,...", help="added logits"
+    )
+    g.add_argument(
+        "--allowed-token-ids", type=ids, default=None, metavar="ID,...", help="only these"
+    )
+    g.add_argument("--bad-words", default="", metavar='"TEXT|TEXT"', help="never these texts")
+    g.add_argument(
+        "--min-tokens", type=int, default=0, help="no stop token before this many (default 0)"
+    )
     return p
+
+
+def ids(text: str) -> list[int]:
+    """``"3,17"`` -> ``[3, 17]`` (argparse type)."""
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ID,... (integers), got {text!r}") from None
+
+
+def id_values(text: str) -> dict[int, float]:
+    """``"3:-2.5,17:1"`` -> ``{3: -2.5, 17: 1.0}`` (argparse type)."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = item.partition(":")
+        try:
+            out[int(key)] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected ID:VALUE,..., got {text!r}") from None
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected ID:VALUE,..., got {text!r}")
+    return out
 
 
 def check_args(a: argparse.Namespace) -> None:

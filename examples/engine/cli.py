@@ -145,12 +145,23 @@ def run(argv: list[str] | None = None) -> int:
     stop_ids = stop_token_ids(loaded)
     dtype = DTYPES[args.dtype]
     model = Llama(LlamaConfig.from_dict(loaded.config), loaded.state_dict, dtype=dtype)
+    processing = dict(  # the same for every request and run
+        repetition_penalty=args.repetition_penalty,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
+        logit_bias=args.logit_bias or None,
+        allowed_token_ids=args.allowed_token_ids,
+        bad_words=[tok(w, add_special_tokens=False)["input_ids"] for w in
+                   filter(None, args.bad_words.split("|"))],
+        min_tokens=args.min_tokens,
+    )  # fmt: skip
     params = [
         SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
             top_p=args.top_p,
             seed=args.seed + i,
+            **processing,
         )
         for i in range(len(prompts))
     ]
@@ -210,7 +221,11 @@ def run(argv: list[str] | None = None) -> int:
     T_s = args.sampled_temperature
     sampled = [
         SamplingParams(
-            max_tokens=args.max_tokens, temperature=T_s, top_p=args.top_p, seed=args.seed + i
+            max_tokens=args.max_tokens,
+            temperature=T_s,
+            top_p=args.top_p,
+            seed=args.seed + i,
+            **processing,
         )
         for i in range(len(prompts))
     ]
@@ -231,7 +246,11 @@ def run(argv: list[str] | None = None) -> int:
             ("h", "(h) engine, n-gram speculation + shared corpus", args.k, 1, params, None)
         )
     hf = None
-    if not args.skip_hf:
+    from examples.engine.processing import ProcessingState
+
+    if ProcessingState.uses_any(params) and not args.skip_hf:
+        print("run (c) skipped: transformers' generate gets none of the processing flags")
+    elif not args.skip_hf:
         from examples.engine.model import load_hf_model
 
         hf = load_hf_model(loaded.path, dtype)

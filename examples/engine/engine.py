@@ -19,13 +19,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from examples.engine.kv_cache import PagedKVCache
 from examples.engine.llama import Llama
 from examples.engine.policy import DRAFT_POLICIES, DraftPolicy
+from examples.engine.processing import ProcessingState
 from examples.engine.stats import Completion, RunStats
 from examples.engine.step import decode_step
 from specdec_kernels.ops import (
@@ -41,12 +42,19 @@ __all__ = ["DRAFT_POLICIES", "Completion", "Engine", "EngineError", "RunStats", 
 
 @dataclass
 class SamplingParams:
-    """Per-request decoding parameters (``temperature = 0``: greedy)."""
+    """Per-request decoding parameters (``temperature = 0``: greedy; vLLM's names)."""
 
     max_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[list[int]] = field(default_factory=list)  # token ids of each word
+    min_tokens: int = 0  # the stop tokens are banned until this many output tokens
 
 
 @dataclass
@@ -153,6 +161,7 @@ class Engine:
             verify_cost=verify_cost,
         )  # fmt: skip
         # Shared corpus: an own-history index replaces the per-step rescan.
+        self.processing: ProcessingState | None = None  # sized by each generate call
         self.index = self.corpus = None
         if corpus_tokens > 0:
             self.index = new_ngram_index(R, max_model_len, min_n=min_n, max_n=max_n, device=dev)
@@ -195,6 +204,17 @@ class Engine:
             raise EngineError(f"temperature must be finite and >= 0, got {params.temperature}")
         if not 0 < params.top_p <= 1:
             raise EngineError(f"top_p must lie in (0, 1], got {params.top_p}")
+        if not 0 < params.repetition_penalty < float("inf"):
+            raise EngineError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+        if params.min_tokens < 0:
+            raise EngineError(f"min_tokens must be >= 0, got {params.min_tokens}")
+        V = self.model.cfg.vocab_size
+        ids = [*(params.logit_bias or {}), *(params.allowed_token_ids or [])]
+        ids += [t for w in params.bad_words for t in w]
+        if any(not 0 <= t < V for t in ids):
+            raise EngineError(f"token ids of logit_bias, allowed_token_ids, bad_words: [0, {V})")
+        if any(not w or len(w) > self.max_model_len for w in params.bad_words):
+            raise EngineError(f"a bad word has 1 to max_model_len = {self.max_model_len} tokens")
 
     def _grow_blocks(self, reqs: list[_Running]) -> None:
         """Give each request the KV blocks for every position this step can write."""
@@ -229,6 +249,8 @@ class Engine:
             self.temperature[r] = sp.temperature
             self.top_p[r] = sp.top_p
             self.seeds[r] = sp.seed
+            if self.processing is not None:
+                self.processing.admit(r, sp, self.model.cfg.vocab_size)
             self.policy.admit(r)
             new.append(_Running(index=i, row=r, prompt_len=n, num_tokens=n, blocks=[]))
         if not new:
@@ -291,6 +313,8 @@ class Engine:
             self.check_prompt(i, len(p), sp)
         sampled = any(sp.temperature > 0 for sp in params)
         use_top_p = any(sp.top_p < 1 for sp in params)
+        V = self.model.cfg.vocab_size
+        self.processing = ProcessingState.for_run(params, self.R, V, self.device)
 
         if self.adaptive and self.verify_cost is None:
             self.calibrate()  # once per engine; its time is reported apart

@@ -18,6 +18,7 @@ from specdec_kernels.ops import (
     ngram_propose,
     plan_draft_lengths,
     prepare_verify_inputs,
+    process_logits,
     rejection_sample,
     sampling_offsets,
     update_acceptance_stats,
@@ -71,10 +72,20 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
         max_query_len=min(k + 1, n_query - B + 1), max_seq_len=max_len + k,
     )  # fmt: skip
 
+    drafts = vi.flat_draft_token_ids[: n_query - B]
+    if eng.processing is not None:
+        # Penalties, logit bias, allowed tokens, bad words, min_tokens: each row as plain
+        # decoding processes its position (the drafts before it count as output).
+        logits = process_logits(
+            logits, drafts, vi.cu_num_draft_tokens, eng.token_ids, eng.num_tokens,
+            eng.num_prompt_tokens, req_indices, validate=False,  # own state: checked once
+            **eng.processing.kwargs(r, eng.stop_token_ids),
+        )  # fmt: skip
+
     # Verification: a draft is kept iff it is the token the plain sampler emits at its
     # row (coupled verification), then one bonus or recovered token per request.
     rs = rejection_sample(
-        logits, vi.flat_draft_token_ids[: n_query - B], vi.cu_num_draft_tokens,
+        logits, drafts, vi.cu_num_draft_tokens,
         num_speculative_tokens=k,
         temperature=eng.temperature[r] if sampled else None,
         top_p=eng.top_p[r] if sampled and use_top_p else None,
@@ -88,6 +99,7 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
         eng.token_ids, eng.num_tokens, rs.output_token_ids, rs.num_emitted, req_indices,
         stop_token_ids=eng.stop_token_ids[r], num_prompt_tokens=eng.num_prompt_tokens,
         max_tokens=eng.max_tokens[r], max_model_len=eng.max_model_len,
+        min_tokens=None if eng.processing is None else eng.processing.min_tokens_of(r),
     )  # fmt: skip
 
     if eng.index is not None:

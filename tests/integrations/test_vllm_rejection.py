@@ -28,7 +28,10 @@ import torch
 import vllm.v1.sample.ops.topk_topp_sampler as vllm_topk_topp
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessors
-from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import (
+    MinPLogitsProcessor,
+    MinTokensLogitsProcessor,
+)
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm.v1.sample.sampler import Sampler
@@ -377,30 +380,25 @@ def test_equally_seeded_ranks_emit_the_same_tokens():
 # ---------------------------------------------------------------- fallbacks and the plugin
 
 
+def min_p_processor(active_rows=()):
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8))
+    proc = MinPLogitsProcessor(config, torch.device("cpu"), False)
+    added = [(row, SamplingParams(min_p=0.2), None, []) for row in active_rows]
+    proc.update_state(BatchUpdate(batch_size=8, removed=[], added=added, moved=[]))
+    return proc
+
+
 def fallback_cases(B, V, drafts):
-    spec_tokens = [list(d) for d in drafts]
-    prompt = torch.randint(0, V, (B, 6))
+    structured = min_tokens_processor([1])
+    structured.min_toks = {b: (*e[:3], True) for b, e in structured.min_toks.items()}
     return {
-        "penalties": dict(
-            no_penalties=False,
-            prompt_token_ids=prompt,
-            repetition_penalties=torch.full((B,), 1.3),
-            output_token_ids=[[1, 2, 3]] * B,
-            spec_token_ids=spec_tokens,
-        ),
-        "bad_words": dict(
-            bad_words_token_ids={0: [[4]], 2: [[5, 6]]},
-            output_token_ids=[[1, 2, 3]] * B,
-            spec_token_ids=spec_tokens,
-        ),
-        "allowed_token_ids": dict(allowed_token_ids_mask=torch.rand(B, V) < 0.5),
-        "logits processor": dict(logitsprocs=LogitsProcessors([min_tokens_processor([1])])),
+        "min_p": dict(logitsprocs=LogitsProcessors([min_p_processor([1])])),
+        "min_tokens with structured output": dict(logitsprocs=LogitsProcessors([structured])),
+        "logprobs": dict(max_num_logprobs=2),
     }
 
 
-@pytest.mark.parametrize(
-    "case", ["penalties", "bad_words", "allowed_token_ids", "logits processor"]
-)
+@pytest.mark.parametrize("case", ["min_p", "min_tokens with structured output", "logprobs"])
 def test_features_the_op_lacks_fall_back_to_vllm(case, caplog, monkeypatch):
     drafts, logits = greedy_batch(7)
     B, V = len(drafts), logits.shape[1]
@@ -423,7 +421,7 @@ def test_features_the_op_lacks_fall_back_to_vllm(case, caplog, monkeypatch):
             assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
     assert calls == []
     notes = [r for r in caplog.records if "verified by vLLM's own rejection sampler" in r.message]
-    assert len(notes) == 1 and case.split()[0] in notes[0].message
+    assert len(notes) == 1 and case in notes[0].message
 
 
 def test_each_unsupported_feature_is_named():
@@ -439,13 +437,17 @@ def test_each_unsupported_feature_is_named():
     assert reason(probs=torch.rand(md.draft_token_ids.shape[0], V)) is None
     assert reason(max_num_logprobs=0) == "logprobs"
     assert reason(logprob_token_ids={0: [1]}) == "logprobs"
-    assert reason(no_penalties=False).startswith("penalties")
-    assert reason(bad_words_token_ids={0: [[1]]}) == "bad_words"
-    assert reason(allowed_token_ids_mask=torch.zeros(B, V, dtype=torch.bool)) == (
-        "allowed_token_ids"
-    )
-    active = LogitsProcessors([min_tokens_processor([0])])
+    # mapped onto process_logits: no reason
+    assert reason(no_penalties=False) is None
+    assert reason(bad_words_token_ids={0: [[1]]}) is None
+    assert reason(allowed_token_ids_mask=torch.zeros(B, V, dtype=torch.bool)) is None
+    assert reason(logitsprocs=LogitsProcessors([min_tokens_processor([0])])) is None
+    active = LogitsProcessors([min_p_processor([0])])
     assert reason(logitsprocs=active).startswith("an active logits processor")
+    assert reason(logitsprocs=LogitsProcessors([min_p_processor()])) is None  # idle
+    structured = min_tokens_processor([0])
+    structured.min_toks = {b: (*e[:3], True) for b, e in structured.min_toks.items()}
+    assert reason(logitsprocs=LogitsProcessors([structured])) == "min_tokens with structured output"
     custom = LogitsProcessors()
     custom.non_argmax_invariant.append(object())  # anything but vLLM's idle built-ins
     assert reason(logitsprocs=custom).startswith("an active logits processor")

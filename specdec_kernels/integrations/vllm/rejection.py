@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from specdec_kernels.ops import exclusive_cu_num_draft_tokens, rejection_sample
+from specdec_kernels.integrations.vllm import processing
+from specdec_kernels.ops import exclusive_cu_num_draft_tokens, process_logits, rejection_sample
 
 logger = logging.getLogger(__name__)
 
@@ -122,22 +123,21 @@ def uninstall() -> None:
         RejectionSampler.forward = original
 
 
-def _idle_logits_processor(proc: Any) -> bool:
-    # vLLM's built-in processors hold per-request state; empty state = no effect on logits.
-    # Any other (custom) processor may change logits at any time.
+def _unmapped_logits_processor(proc: Any) -> bool:
+    """A loaded processor that may change logits and that :mod:`.processing` does not map:
+    min-p when any request uses it, or any custom processor. (vLLM's built-ins hold
+    per-request state; empty state = no effect.)"""
     from vllm.v1.sample.logits_processor.builtin import (
         LogitBiasLogitsProcessor,
         MinPLogitsProcessor,
         MinTokensLogitsProcessor,
     )
 
-    if type(proc) is MinTokensLogitsProcessor:
-        return not proc.min_toks
+    if type(proc) in (MinTokensLogitsProcessor, LogitBiasLogitsProcessor):
+        return False
     if type(proc) is MinPLogitsProcessor:
-        return not proc.min_p_count
-    if type(proc) is LogitBiasLogitsProcessor:
-        return not proc.biases
-    return False
+        return bool(proc.min_p_count)
+    return True
 
 
 def unsupported_reason(
@@ -149,13 +149,16 @@ def unsupported_reason(
 ) -> str | None:
     """Why vLLM's own rejection sampler must verify this batch, or None if ours can.
 
-    The batch falls back as a whole when any request uses a feature that this library's
-    op does not implement exactly as vLLM does: repetition/frequency/presence penalties,
-    bad words, ``allowed_token_ids``, an active ``min_tokens`` (or min-p, logit-bias,
-    custom) logits processor, a thinking-token budget, logprobs (``logprobs`` or
+    The batch falls back as a whole when any request uses a feature that this library does
+    not implement as vLLM does: an active min-p or custom logits processor, ``min_tokens``
+    on a request with structured output (vLLM then unmasks the stop tokens of a row that
+    would have no token left), a thinking-token budget, logprobs (``logprobs`` or
     ``logprob_token_ids``), vLLM's synthetic or FLy acceptance modes, a sampler that is not
     vLLM's plain ``Sampler``, a device other than CPU/CUDA (ROCm included), logits not
-    fp32/bf16/fp16, or ``draft_probs`` of another vocabulary. Pure host checks: no device
+    fp32/bf16/fp16, or ``draft_probs`` of another vocabulary. Penalties, bad words,
+    ``allowed_token_ids``, ``min_tokens`` and logit bias go through
+    :func:`specdec_kernels.ops.process_logits` (:mod:`.processing`; structured-output masks
+    are on the logits before the sampler runs). Pure host checks: no device
     synchronisation.
 
     Parameters
@@ -195,16 +198,12 @@ def unsupported_reason(
         return f"draft_probs {draft_probs.dtype} {tuple(draft_probs.shape)}"
     if sm.max_num_logprobs is not None or sm.logprob_token_ids:
         return "logprobs"
-    if not sm.no_penalties:
-        return "penalties (repetition, frequency or presence)"
-    if sm.bad_words_token_ids:
-        return "bad_words"
-    if sm.allowed_token_ids_mask is not None:
-        return "allowed_token_ids"
     procs = sm.logitsprocs
     loaded = (*procs.argmax_invariant, *procs.non_argmax_invariant)
-    if any(not _idle_logits_processor(p) for p in loaded):
-        return "an active logits processor (min_tokens, min_p, logit_bias or custom)"
+    if any(_unmapped_logits_processor(p) for p in loaded):
+        return "an active logits processor (min_p or custom)"
+    if any(so and stops for _, _, stops, so in processing.min_tokens_entries(sm).values()):
+        return "min_tokens with structured output"
     holder = getattr(sm, "thinking_budget_state_holder", None)
     if holder is not None and holder.has_tracked_requests():
         return "a thinking-token budget"
@@ -281,6 +280,11 @@ def verify(
       emitted token has the target distribution, and a draft's acceptance probability
       equals vLLM's (``p(d)``, resp. ``min(1, p(d)/q(d))``); individual tokens differ
       from vLLM's, which uses other random numbers.
+    - penalties, bad words, ``allowed_token_ids``, ``min_tokens`` and logit bias: the
+      gathered rows go through :func:`specdec_kernels.ops.process_logits` first
+      (:mod:`.processing` maps the metadata), every row as vLLM's plain ``Sampler`` would
+      process its position (drafts before it counted as output). vLLM's draft rows get no
+      logit bias; here they do, so with a bias the tokens are its plain sampler's.
     - randomness: :func:`request_seeds`.
 
     Parameters
@@ -325,6 +329,13 @@ def verify(
     bonus_rows = cu_inclusive.long() + torch.arange(B, device=device)
     rows[bonus_rows] = metadata.bonus_logits_indices.to(device).long()
     target_logits = logits.index_select(0, rows)
+    cu = exclusive_cu_num_draft_tokens(cu_inclusive)
+    if processing.needs_processing(sm):  # penalties, bad words, masks, min_tokens, bias
+        kw = processing.process_inputs(sm, B, device)
+        target_logits = process_logits(
+            target_logits, drafts, cu, kw.pop("token_ids"), kw.pop("num_tokens"),
+            kw.pop("num_prompt_tokens"), **kw,
+        )  # fmt: skip
 
     temperature = top_k = top_p = seeds = offsets = None
     if not sm.all_greedy:
@@ -335,7 +346,7 @@ def verify(
     out = rejection_sample(
         target_logits,
         drafts,
-        exclusive_cu_num_draft_tokens(cu_inclusive),
+        cu,
         num_speculative_tokens=metadata.max_spec_len,
         draft_probs=draft_probs,
         temperature=temperature,

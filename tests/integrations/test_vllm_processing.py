@@ -1,0 +1,187 @@
+"""The plugin with penalties, bad words, allowed tokens, ``min_tokens`` and logit bias:
+vLLM's own rejection sampler's tokens on the same greedy batches (``SamplingMetadata``
+built directly: vLLM refuses some of these features with speculation, and its runner
+builds nothing else), and every feature live (it changes some batch's tokens).
+
+Logit bias is the one documented difference (vLLM's draft rows get none): it is checked
+against vLLM with the bias folded into every row's logits, i.e. its plain sampler's rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from test_vllm_rejection import (  # noqa: F401  (_vllm_state: the autouse fixture)
+    _vllm_state,
+    greedy_batch,
+    our_tokens,
+    sampling_metadata,
+    spec_metadata,
+    vllm_tokens,
+)
+from vllm.sampling_params import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessors
+from vllm.v1.sample.logits_processor.builtin import (
+    LogitBiasLogitsProcessor,
+    MinTokensLogitsProcessor,
+)
+
+from specdec_kernels.integrations.vllm import processing
+from specdec_kernels.integrations.vllm import rejection as plugin
+
+SEEDS = range(8)
+
+
+def _update(proc, added):
+    proc.update_state(BatchUpdate(batch_size=8, removed=[], added=added, moved=[]))
+    return proc
+
+
+def features(name: str, seed: int, drafts: list[list[int]], V: int) -> dict:
+    """``SamplingMetadata`` fields of one feature, random per request; outputs and bad
+    words drawn from a small alphabet (with the drafts) so that they repeat and match."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(drafts)
+    rand = lambda *s: torch.rand(*s, generator=g)  # noqa: E731
+    outputs = [torch.randint(0, 6, (int(torch.randint(0, 9, (1,), generator=g)),),
+                             generator=g).tolist() for _ in range(B)]  # fmt: skip
+    base = dict(output_token_ids=outputs, spec_token_ids=[list(d) for d in drafts])
+    if name == "penalties":
+        prompt = torch.randint(0, 6, (B, 5), generator=g)
+        prompt[0, 3:] = V  # vLLM pads prompts with vocab_size
+        return dict(
+            base, no_penalties=False, prompt_token_ids=prompt,
+            repetition_penalties=0.5 + 1.5 * rand(B), frequency_penalties=2 * rand(B) - 1,
+            presence_penalties=2 * rand(B) - 1,
+        )  # fmt: skip
+    if name == "bad_words":
+        words = {}
+        for b in range(B):
+            past = outputs[b] + drafts[b]
+            if past and rand(1) < 0.8:
+                i = int(torch.randint(0, len(past), (1,), generator=g))
+                words[b] = [
+                    [int(torch.randint(0, V, (1,), generator=g))],
+                    past[max(0, i - 1) : i + 1],
+                ]
+        return dict(base, bad_words_token_ids=words)
+    if name == "allowed_token_ids":
+        return dict(base, allowed_token_ids_mask=rand(B, V) < 0.5)  # True: not allowed
+    if name == "min_tokens":
+        proc = MinTokensLogitsProcessor(None, torch.device("cpu"), False)
+        extra = torch.randint(0, 4, (B,), generator=g).tolist()
+        stops = [0, 1, 2]
+        added = [(b, SamplingParams(min_tokens=len(outputs[b]) + extra[b], stop_token_ids=stops),
+                  None, outputs[b]) for b in range(B)]  # fmt: skip
+        return dict(base, logitsprocs=LogitsProcessors([_update(proc, added)]))
+    raise ValueError(name)
+
+
+def boosted(logits):
+    """Logits where stop tokens 0..2 and small ids lead often, so the features bite."""
+    out = logits.clone()
+    out[:, :6] += 1.5
+    return out
+
+
+@pytest.mark.parametrize("name", ["penalties", "bad_words", "allowed_token_ids", "min_tokens"])
+def test_greedy_batches_with_a_feature_give_vllms_tokens(name):
+    changed = 0
+    for seed in SEEDS:
+        drafts, logits = greedy_batch(seed)
+        logits = boosted(logits)
+        B, V = len(drafts), logits.shape[1]
+        md = spec_metadata(drafts)
+        if name == "min_tokens":  # vLLM's bonus-row rule differs (see the test after next)
+            logits[md.bonus_logits_indices.long(), :3] -= 30.0
+        sm = replace(sampling_metadata(B, V), **features(name, seed, drafts, V))
+        assert plugin.unsupported_reason(plugin_sampler(), md, None, logits, sm) is None
+        want = vllm_tokens(md, logits, sm)
+        got = our_tokens(md, logits, sm)
+        assert torch.equal(got, want), (name, seed)
+        changed += not torch.equal(got, our_tokens(md, logits, sampling_metadata(B, V)))
+    assert changed, f"{name} never changed a token: the test does not exercise it"
+
+
+def test_greedy_batches_with_every_feature_give_vllms_tokens():
+    for seed in SEEDS:
+        drafts, logits = greedy_batch(seed)
+        logits = boosted(logits)
+        B, V = len(drafts), logits.shape[1]
+        fields = {}
+        for name in ("penalties", "bad_words", "allowed_token_ids", "min_tokens"):
+            fields.update(features(name, seed, drafts, V))
+        fields["allowed_token_ids_mask"][:, :3] = False  # leave the stop tokens allowed
+        sm = replace(sampling_metadata(B, V), **fields)
+        md = spec_metadata(drafts)
+        logits[md.bonus_logits_indices.long(), :3] -= 30.0  # as in the min_tokens test
+        assert torch.equal(our_tokens(md, logits, sm), vllm_tokens(md, logits, sm)), seed
+
+
+def test_min_tokens_on_the_bonus_row_counts_the_drafts_before_it():
+    # one request, output [5], min_tokens 2, stop token 0, one accepted draft 3: the bonus
+    # row's position has 2 output tokens, so plain decoding may stop there. vLLM's Sampler
+    # bans the stop token at the bonus row whenever the committed output is below min_tokens.
+    V = 8
+    logits = torch.zeros(2, V)
+    logits[0, 3] = 5.0  # the draft is the argmax: accepted
+    logits[1, 0] = 5.0  # the bonus row's argmax is the stop token
+    md = spec_metadata([[3]])
+    proc = MinTokensLogitsProcessor(None, torch.device("cpu"), False)
+    added = [(0, SamplingParams(min_tokens=2, stop_token_ids=[0]), None, [5])]
+    sm = replace(sampling_metadata(1, V), output_token_ids=[[5]], spec_token_ids=[[3]],
+                 logitsprocs=LogitsProcessors([_update(proc, added)]))  # fmt: skip
+    assert our_tokens(md, logits, sm).tolist() == [[3, 0]]  # what k = 0 decoding emits
+    assert vllm_tokens(md, logits, sm).tolist() != [[3, 0]]  # vLLM's rule (documented)
+
+
+def test_logit_bias_is_applied_to_every_row_as_vllms_plain_sampler_does():
+    changed = 0
+    for seed in SEEDS:
+        drafts, logits = greedy_batch(seed)
+        B, V = len(drafts), logits.shape[1]
+        g = torch.Generator().manual_seed(seed)
+        ids, values = torch.randint(0, V, (B, 3), generator=g), 4 * torch.randn(B, 3, generator=g)
+        biases = {b: dict(zip(ids[b].tolist(), values[b].tolist(), strict=True))
+                  for b in range(B) if b % 3}  # fmt: skip
+        proc = LogitBiasLogitsProcessor(None, torch.device("cpu"), False)
+        added = [(b, SamplingParams(logit_bias=lb), None, []) for b, lb in biases.items()]
+        sm = replace(sampling_metadata(B, V), logitsprocs=LogitsProcessors([_update(proc, added)]))
+        md = spec_metadata(drafts)
+        folded = logits.clone()
+        rows = request_rows(drafts)
+        for b, lb in biases.items():
+            for t, v in lb.items():
+                folded[rows[b], t] += v
+        want = vllm_tokens(md, folded, sampling_metadata(B, V))
+        got = our_tokens(md, logits, sm)
+        assert torch.equal(got, want), seed
+        changed += not torch.equal(got, our_tokens(md, logits, sampling_metadata(B, V)))
+    assert changed
+
+
+def test_bitmask_packing_matches_the_bool_mask():
+    allowed = torch.rand(3, 70, generator=torch.Generator().manual_seed(0)) < 0.5
+    words = processing.pack_bits(allowed)
+    t = torch.arange(70)
+    unpacked = ((words.long()[:, t // 32] >> (t % 32)) & 1).bool()
+    assert words.dtype == torch.int32 and words.shape == (3, 3)
+    assert torch.equal(unpacked, allowed)
+
+
+def request_rows(drafts):
+    """Logits rows of each request in ``spec_metadata``'s layout."""
+    rows, start = [], 0
+    for d in drafts:
+        rows.append(list(range(start, start + len(d) + 1)))
+        start += len(d) + 1
+    return rows
+
+
+def plugin_sampler():
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler
+
+    return RejectionSampler(Sampler())
