@@ -185,3 +185,86 @@ def plugin_sampler():
     from vllm.v1.sample.sampler import Sampler
 
     return RejectionSampler(Sampler())
+
+
+# ---------------------------------------------------------------- sampled
+
+
+SAMPLED_V = 12
+SAMPLED_R = 1500  # replicas of one request (one draft): rows 0 (the draft's) and 1 (bonus)
+OUTPUT = [3, 3, 7]  # the request's committed output; prompt [1, 5]
+
+
+def sampled_case(name: str):
+    """``SamplingMetadata`` fields for ``SAMPLED_R`` replicas and the two rows' processed
+    logits as vLLM's own functions compute them (row 1 counts the draft as output)."""
+    from test_vllm_rejection import ROW_PROBS
+    from vllm.v1.sample.ops.bad_words import apply_bad_words
+    from vllm.v1.sample.ops.penalties import apply_all_penalties
+
+    R, V, draft = SAMPLED_R, SAMPLED_V, 0
+    raw = ROW_PROBS[:2].log()
+    outs = [OUTPUT, OUTPUT + [draft]]
+    fields = dict(output_token_ids=[list(OUTPUT)] * R, spec_token_ids=[[draft]] * R)
+    want = raw.clone()
+    if name == "penalties":
+        rp, fp, pp = 1.6, 0.4, 0.3
+        fields.update(
+            no_penalties=False, prompt_token_ids=torch.tensor([[1, 5]] * R),
+            repetition_penalties=torch.full((R,), rp), frequency_penalties=torch.full((R,), fp),
+            presence_penalties=torch.full((R,), pp),
+        )  # fmt: skip
+        want = apply_all_penalties(
+            want, torch.tensor([[1, 5]] * 2), torch.full((2,), pp), torch.full((2,), fp),
+            torch.full((2,), rp), outs,
+        )  # fmt: skip
+    elif name == "bad_words":  # [7, 1]: row 0 (after 7); [0, 2]: row 1 (after the draft 0)
+        words = [[7, 1], [0, 2], [6]]
+        fields["bad_words_token_ids"] = {b: words for b in range(R)}
+        for j in range(2):
+            apply_bad_words(want[j : j + 1], {0: words}, [outs[j]])
+    elif name == "allowed_token_ids":
+        banned = torch.zeros(V, dtype=torch.bool)
+        banned[[1, 4, 9]] = True
+        fields["allowed_token_ids_mask"] = banned.repeat(R, 1)
+        want[:, banned] = float("-inf")
+    elif name == "min_tokens":  # 4 output tokens at least: row 0 (3 so far) bans, row 1 not
+        proc = MinTokensLogitsProcessor(None, torch.device("cpu"), False)
+        outputs = [list(OUTPUT) for _ in range(R)]
+        added = [(b, SamplingParams(min_tokens=4, stop_token_ids=[1, 2]), None, outputs[b])
+                 for b in range(R)]  # fmt: skip
+        proc.update_state(BatchUpdate(batch_size=R, removed=[], added=added, moved=[]))
+        fields.update(output_token_ids=outputs, logitsprocs=LogitsProcessors([proc]))
+        want[0, [1, 2]] = float("-inf")
+    elif name == "logit_bias":
+        proc = LogitBiasLogitsProcessor(None, torch.device("cpu"), False)
+        added = [(b, SamplingParams(logit_bias={0: -1.0, 5: 1.5}), None, []) for b in range(R)]
+        proc.update_state(BatchUpdate(batch_size=R, removed=[], added=added, moved=[]))
+        fields["logitsprocs"] = LogitsProcessors([proc])
+        want[:, 0] -= 1.0
+        want[:, 5] += 1.5
+    return fields, raw, want
+
+
+@pytest.mark.parametrize(
+    "name", ["penalties", "bad_words", "allowed_token_ids", "min_tokens", "logit_bias"]
+)
+def test_sampled_rows_follow_the_processed_distributions(name):
+    # chi-square at ALPHA = 1e-4 per check (fixed seeds: deterministic outcomes): the first
+    # token follows row 0's processed distribution, and where the draft was accepted the
+    # second follows row 1's, whose output counts the draft
+    from test_vllm_rejection import ALPHA, assert_distribution
+
+    assert ALPHA == 1e-4
+    fields, raw, want = sampled_case(name)
+    R, V, T = SAMPLED_R, SAMPLED_V, 0.9
+    md = spec_metadata([[0]] * R)
+    sm = replace(sampling_metadata(R, V, temperature=[T] * R), **fields)
+    torch.manual_seed(5)
+    out = our_tokens(md, raw.repeat(R, 1), sm)
+    p = [torch.softmax(want[j].double() / T, -1) for j in range(2)]
+    assert not torch.allclose(p[0], torch.softmax(raw[0].double() / T, -1))  # the feature bites
+    assert_distribution(out[:, 0], p[0], f"{name}: row 0")
+    accepted = out[:, 0] == 0
+    assert int(accepted.sum()) > 100
+    assert_distribution(out[accepted, 1], p[1], f"{name}: row 1 after the accepted draft")
