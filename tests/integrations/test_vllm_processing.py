@@ -268,3 +268,32 @@ def test_sampled_rows_follow_the_processed_distributions(name):
     accepted = out[:, 0] == 0
     assert int(accepted.sum()) > 100
     assert_distribution(out[accepted, 1], p[1], f"{name}: row 1 after the accepted draft")
+
+
+# ---------------------------------------------------------------- logprobs
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits"])
+@pytest.mark.parametrize("with_penalties", [False, True])
+def test_raw_mode_logprobs_are_vllms(mode, with_penalties):
+    from test_vllm_rejection import VLLM_FORWARD
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler
+
+    for seed in range(4):
+        drafts, logits = greedy_batch(seed)
+        B, V = len(drafts), logits.shape[1]
+        fields = features("penalties", seed, drafts, V) if with_penalties else {}
+        sm = replace(sampling_metadata(B, V), max_num_logprobs=3, **fields)
+        md = spec_metadata(drafts)
+        sampler = RejectionSampler(Sampler(logprobs_mode=mode))
+        assert plugin.unsupported_reason(sampler, md, None, logits, sm) is None
+        want = VLLM_FORWARD(RejectionSampler(Sampler(logprobs_mode=mode)), md, None,
+                            logits.clone(), sm)  # fmt: skip
+        got = plugin.verify(md, None, logits, sm, sampler)
+        assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
+        g, w = got.logprobs_tensors, want.logprobs_tensors
+        emitted = (got.sampled_token_ids >= 0).flatten()  # the slots vLLM's parse_output keeps
+        for name in ("logprob_token_ids", "logprobs", "selected_token_ranks"):
+            a, b = getattr(g, name)[emitted], getattr(w, name)[emitted]
+            assert torch.equal(a, b), (mode, seed, name)

@@ -127,7 +127,7 @@ def vllm_tokens(md, logits, sm, draft_probs=None):
 
 def our_tokens(md, logits, sm, draft_probs=None):
     out = plugin.verify(md, draft_probs, logits, sm)
-    assert out.logprobs_tensors is None
+    assert (out.logprobs_tensors is None) == (sm.max_num_logprobs is None)
     return out.sampled_token_ids
 
 
@@ -394,11 +394,13 @@ def fallback_cases(B, V, drafts):
     return {
         "min_p": dict(logitsprocs=LogitsProcessors([min_p_processor([1])])),
         "min_tokens with structured output": dict(logitsprocs=LogitsProcessors([structured])),
-        "logprobs": dict(max_num_logprobs=2),
+        "logprob_token_ids": dict(logprob_token_ids={0: [1, 2]}),
     }
 
 
-@pytest.mark.parametrize("case", ["min_p", "min_tokens with structured output", "logprobs"])
+@pytest.mark.parametrize(
+    "case", ["min_p", "min_tokens with structured output", "logprob_token_ids"]
+)
 def test_features_the_op_lacks_fall_back_to_vllm(case, caplog, monkeypatch):
     drafts, logits = greedy_batch(7)
     B, V = len(drafts), logits.shape[1]
@@ -435,8 +437,13 @@ def test_each_unsupported_feature_is_named():
 
     assert reason() is None
     assert reason(probs=torch.rand(md.draft_token_ids.shape[0], V)) is None
-    assert reason(max_num_logprobs=0) == "logprobs"
-    assert reason(logprob_token_ids={0: [1]}) == "logprobs"
+    assert reason(max_num_logprobs=0) is None  # raw_logprobs, vLLM's default mode
+    assert reason(max_num_logprobs=-1).startswith("full-vocabulary logprobs")
+    processed = RejectionSampler(Sampler(logprobs_mode="processed_logprobs"))
+    assert reason(sampler=processed, max_num_logprobs=2) == (
+        "logprobs in the 'processed_logprobs' mode"
+    )
+    assert reason(logprob_token_ids={0: [1]}) == "logprob_token_ids"
     # mapped onto process_logits: no reason
     assert reason(no_penalties=False) is None
     assert reason(bad_words_token_ids={0: [[1]]}) is None

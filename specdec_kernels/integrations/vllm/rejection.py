@@ -37,6 +37,10 @@ this module was checked against (tests/integrations)."""
 SEED_HIGH = 2**62
 """Per-step Philox keys are drawn in ``[0, SEED_HIGH)``."""
 
+RAW_LOGPROBS_MODES = ("raw_logprobs", "raw_logits")
+"""vLLM ``logprobs_mode`` settings whose logprobs :func:`verify` returns (of the raw
+target logits, as vLLM computes them); the processed modes fall back."""
+
 _ON = ("1", "true", "yes", "on", "force")
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _logged: set[str] = set()
@@ -102,7 +106,7 @@ def install(*, force: bool = False) -> bool:
                     reason,
                 )
             return original(self, metadata, draft_probs, logits, sampling_metadata)
-        return verify(metadata, draft_probs, logits, sampling_metadata)
+        return verify(metadata, draft_probs, logits, sampling_metadata, self)
 
     forward.__specdec_original__ = original
     RejectionSampler.forward = forward
@@ -152,8 +156,8 @@ def unsupported_reason(
     The batch falls back as a whole when any request uses a feature that this library does
     not implement as vLLM does: an active min-p or custom logits processor, ``min_tokens``
     on a request with structured output (vLLM then unmasks the stop tokens of a row that
-    would have no token left), a thinking-token budget, logprobs (``logprobs`` or
-    ``logprob_token_ids``), vLLM's synthetic or FLy acceptance modes, a sampler that is not
+    would have no token left), a thinking-token budget, logprobs in a processed
+    ``logprobs_mode``, ``logprob_token_ids`` or full-vocabulary logprobs, vLLM's synthetic or FLy acceptance modes, a sampler that is not
     vLLM's plain ``Sampler``, a device other than CPU/CUDA (ROCm included), logits not
     fp32/bf16/fp16, or ``draft_probs`` of another vocabulary. Penalties, bad words,
     ``allowed_token_ids``, ``min_tokens`` and logit bias go through
@@ -196,8 +200,14 @@ def unsupported_reason(
         or draft_probs.shape[1] != logits.shape[1]
     ):
         return f"draft_probs {draft_probs.dtype} {tuple(draft_probs.shape)}"
-    if sm.max_num_logprobs is not None or sm.logprob_token_ids:
-        return "logprobs"
+    if sm.logprob_token_ids:
+        return "logprob_token_ids"
+    if sm.max_num_logprobs is not None:
+        mode = rejection_sampler.sampler.logprobs_mode
+        if mode not in RAW_LOGPROBS_MODES:
+            return f"logprobs in the {mode!r} mode"
+        if sm.max_num_logprobs < 0:
+            return "full-vocabulary logprobs (max_num_logprobs = -1)"
     procs = sm.logitsprocs
     loaded = (*procs.argmax_invariant, *procs.non_argmax_invariant)
     if any(_unmapped_logits_processor(p) for p in loaded):
@@ -256,6 +266,7 @@ def verify(
     draft_probs: torch.Tensor | None,
     logits: torch.Tensor,
     sampling_metadata: Any,
+    rejection_sampler: Any = None,
 ) -> Any:
     """Verify a vLLM V1 spec-decode batch with :func:`specdec_kernels.ops.rejection_sample`.
 
@@ -286,6 +297,9 @@ def verify(
       process its position (drafts before it counted as output). vLLM's draft rows get no
       logit bias; here they do, so with a bias the tokens are its plain sampler's.
     - randomness: :func:`request_seeds`.
+    - logprobs (``max_num_logprobs``, the ``raw_logprobs`` and ``raw_logits`` modes): top-N
+      and the emitted token's logprob and rank of the raw target rows, by vLLM's own
+      ``Sampler.compute_logprobs`` and ``gather_logprobs`` (:func:`raw_logprobs`).
 
     Parameters
     ----------
@@ -300,13 +314,17 @@ def verify(
     sampling_metadata : vllm.v1.sample.metadata.SamplingMetadata
         ``temperature`` float32 ``[B]`` or None (all greedy), ``top_k`` int32 ``[B]`` or
         None, ``top_p`` float32 ``[B]`` or None, ``generators``.
+    rejection_sampler : vllm.v1.sample.rejection_sampler.RejectionSampler, optional
+        The sampler whose ``forward`` this replaces (its ``sampler.logprobs_mode`` and
+        helpers compute logprobs); default a plain ``Sampler()`` (``raw_logprobs``).
 
     Returns
     -------
     vllm.v1.outputs.SamplerOutput
         ``sampled_token_ids`` int32 ``[B, max_spec_len + 1]``: accepted drafts, then the
         recovered or bonus token, then -1 (vLLM's ``PLACEHOLDER_TOKEN_ID``);
-        ``logprobs_tensors`` None.
+        ``logprobs_tensors``: vLLM's ``LogprobsTensors`` of the ``B (k+1)`` output slots
+        when ``max_num_logprobs`` is set, else None.
 
     Raises
     ------
@@ -328,7 +346,7 @@ def verify(
     rows[t.long() + request_of_draft] = metadata.target_logits_indices.to(device).long()
     bonus_rows = cu_inclusive.long() + torch.arange(B, device=device)
     rows[bonus_rows] = metadata.bonus_logits_indices.to(device).long()
-    target_logits = logits.index_select(0, rows)
+    target_logits = raw_logits = logits.index_select(0, rows)
     cu = exclusive_cu_num_draft_tokens(cu_inclusive)
     if processing.needs_processing(sm):  # penalties, bad words, masks, min_tokens, bias
         kw = processing.process_inputs(sm, B, device)
@@ -355,4 +373,29 @@ def verify(
         seeds=seeds,
         offsets=offsets,
     )
-    return SamplerOutput(sampled_token_ids=out.output_token_ids, logprobs_tensors=None)
+    logprobs = None
+    if sm.max_num_logprobs is not None:  # raw modes (unsupported_reason): the raw rows
+        if rejection_sampler is None:
+            from vllm.v1.sample.sampler import Sampler
+
+            sampler = Sampler()  # vLLM's default mode, raw_logprobs
+        else:
+            sampler = rejection_sampler.sampler
+        logprobs = raw_logprobs(sampler, raw_logits, cu, out.output_token_ids, sm.max_num_logprobs)
+    return SamplerOutput(sampled_token_ids=out.output_token_ids, logprobs_tensors=logprobs)
+
+
+def raw_logprobs(sampler, rows, cu, output_token_ids, num_logprobs):
+    """vLLM's ``LogprobsTensors`` of every output slot, computed by vLLM's own ``Sampler``
+    helpers on the raw fp32 target rows (``rows``: the op's layout), as its rejection
+    sampler does in the raw modes: slot ``j`` of request ``b`` reads row ``cu[b] + b + j``
+    (clamped to the last row; slots past the emitted tokens are dropped by vLLM's
+    ``parse_output``), placeholders as token 0."""
+    B, K1 = output_token_ids.shape
+    start = cu[:-1].long() + torch.arange(B, device=rows.device)
+    index = (start[:, None] + torch.arange(K1, device=rows.device)).flatten()
+    picked = rows.float()[index.clamp(max=rows.shape[0] - 1)]
+    if sampler.logprobs_mode == "raw_logprobs":
+        picked = sampler.compute_logprobs(picked)
+    tokens = output_token_ids.flatten().long().clamp(min=0)
+    return sampler.gather_logprobs(picked, num_logprobs, tokens)
