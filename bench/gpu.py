@@ -214,7 +214,7 @@ def render(rows: Rows, *, gpu: str, copy_bw: float, elapsed: float, argv) -> str
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu")
     p.add_argument("--quick", action="store_true", help="a few small shapes")
-    p.add_argument("--only", default="ngram,rejection,bookkeeping,ngram_index")
+    p.add_argument("--only", default="ngram,rejection,bookkeeping,ngram_index,processing")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
@@ -258,6 +258,12 @@ def main(argv=None) -> int:
 
             specs = cases_ngram_index.QUICK_SPECS if args.quick else cases_ngram_index.SPECS
             C.bench_ngram_index(rows, specs, graphs=graphs)
+            write("stopped after the index step")
+        if "processing" in fams:
+            from bench import cases_processing
+
+            specs = cases_processing.QUICK_SPECS if args.quick else cases_processing.SPECS
+            C.bench_processing(rows, [s for s in specs if s["step"] == "process"])
     except KeyboardInterrupt:  # gpu_check.sh's time limit sends SIGINT: keep what we have
         write("interrupted by the time limit")
         print(f"interrupted; partial results in {path}", file=sys.stderr)

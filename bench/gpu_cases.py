@@ -116,6 +116,38 @@ def _rejection_case(rows, spec, rejection_sample) -> None:
     rows.add("rejection_sample", label, "softmax", "bench", G.time_kernel(softmax), nbytes)
 
 
+def bench_processing(rows: G.Rows, specs) -> None:
+    """``process_logits`` on the device vs its CPU path (bit for bit) and vs the torch
+    processing; ``verify`` = ``rejection_sample`` on the raw rows, the yardstick."""
+    for spec in specs:
+        _processing_case(rows, spec)
+
+
+def _processing_case(rows, spec) -> None:
+    from bench import cases_processing as P
+    from specdec_kernels.ops import process_logits, rejection_sample
+
+    B, V, L, feats = spec["B"], spec["V"], spec["L"], spec["features"]
+    label = f"B={B} V={V} L={L} {feats}"
+    op_in, base_in = P._inputs(B, V, L, feats)
+    names = ("target_logits", "draft_token_ids", "cu_num_draft_tokens", "token_ids",
+             "num_tokens", "num_prompt_tokens")  # fmt: skip
+    kw = {n: G._to(t, G.DEVICE) for n, t in op_in["kw"].items()}
+    a = tuple(G._to(op_in[n], G.DEVICE) for n in names)
+    want = process_logits(*(op_in[n] for n in names), **op_in["kw"])
+    got = process_logits(*a, **kw)
+    assert G._equal(got.view(torch.int32), want.view(torch.int32)), f"CUDA != CPU at {label}"
+    rows.note(f"process_logits {label}: CUDA op == CPU op bit for bit")
+    nbytes = P.bytes_moved(B, V, L)
+    base = {n: G._to(v, G.DEVICE) for n, v in base_in.items()}
+    op = lambda: process_logits(*a, **kw)  # noqa: E731
+    torch_fn = lambda: P.process_logits_torch(a[0], **base)  # noqa: E731
+    verify = lambda: rejection_sample(a[0], a[1], a[2], num_speculative_tokens=P.K)  # noqa: E731
+    rows.add("process_logits", label, "op", "bench", G.time_kernel(op), nbytes)
+    rows.add("process_logits", label, "torch", "bench", G.time_kernel(torch_fn), nbytes)
+    rows.add("process_logits", label, "verify", "bench", G.time_kernel(verify), nbytes)
+
+
 def _row_mismatch(out, ref) -> int:
     o, n = out[0].cpu(), out[1].cpu()
     ro, rn = ref[0].cpu(), ref[1].cpu()

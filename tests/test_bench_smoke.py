@@ -139,9 +139,11 @@ def test_gpu_suite_logic_runs_on_cpu_with_stub_timers(monkeypatch, tmp_path):
     cases.bench_rejection(rows, [s for s in cases_rejection.QUICK_SPECS if s["dtype"] == "fp32"])
     cases.bench_bookkeeping(rows, (3,), graphs=True)
     cases.bench_ngram_index(rows, [{"B": 2, "L": 64, "k": 2, "corpus": 256}], graphs=True)
+    cases.bench_processing(rows, [{"B": 2, "V": 1000, "L": 64, "features": "all"}])
     text = gpu.render(rows, gpu="(stub)", copy_bw=1.0, elapsed=0.0, argv=[])
     assert len(calls) >= 10 and "commit_accepted_tokens" in text
-    assert all("exactly" in n or "uniforms" in n for n in rows.notes)
+    assert all("exactly" in n or "uniforms" in n or "bit for bit" in n for n in rows.notes)
+    assert "process_logits" in text
 
 
 def test_gpu_check_script_parses_and_module_refuses_without_cuda():

@@ -157,9 +157,10 @@ def unsupported_reason(
     not implement as vLLM does: an active min-p or custom logits processor, ``min_tokens``
     on a request with structured output (vLLM then unmasks the stop tokens of a row that
     would have no token left), a thinking-token budget, logprobs in a processed
-    ``logprobs_mode``, ``logprob_token_ids`` or full-vocabulary logprobs, vLLM's synthetic or FLy acceptance modes, a sampler that is not
-    vLLM's plain ``Sampler``, a device other than CPU/CUDA (ROCm included), logits not
-    fp32/bf16/fp16, or ``draft_probs`` of another vocabulary. Penalties, bad words,
+    ``logprobs_mode``, ``logprob_token_ids`` or full-vocabulary logprobs, vLLM's
+    synthetic or FLy acceptance modes, a sampler that is not vLLM's plain ``Sampler``, a
+    device other than CPU/CUDA (ROCm included), logits not fp32/bf16/fp16, or
+    ``draft_probs`` of another vocabulary. Penalties, bad words,
     ``allowed_token_ids``, ``min_tokens`` and logit bias go through
     :func:`specdec_kernels.ops.process_logits` (:mod:`.processing`; structured-output masks
     are on the logits before the sampler runs). Pure host checks: no device
