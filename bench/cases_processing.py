@@ -19,7 +19,7 @@ import torch
 from bench import data
 from bench.baselines.penalties_torch import process_logits_torch
 from bench.harness import OP, Case
-from specdec_kernels.ops import process_logits, rejection_sample
+from specdec_kernels.ops import process_logits, rejection_sample, token_bitmask
 
 OP_NAME = "process_logits"
 K = 4
@@ -54,13 +54,10 @@ def _inputs(B: int, V: int, L: int, features: str) -> tuple[dict, dict]:
     words = torch.randint(0, V, (B, 4, 3), generator=g, dtype=torch.int32)
     words[:, :2, 1:] = -1  # two one-token words, two of three tokens
     if features == "all":
-        padded = torch.zeros(B, (V + 31) // 32 * 32, dtype=torch.int64)
-        padded[:, :V] = allowed.long()
-        packed = (padded.view(B, -1, 32) << torch.arange(32)).sum(-1)
         kw.update(
             logit_bias_ids=torch.randint(0, V, (B, 8), generator=g, dtype=torch.int32),
             logit_bias_values=torch.randn(B, 8, generator=g),
-            allowed_token_mask=torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32),
+            allowed_token_mask=token_bitmask(allowed),
             bad_word_ids=words, min_tokens=torch.full((B,), L, dtype=torch.int32),
             stop_token_ids=torch.randint(0, V, (B, 2), generator=g, dtype=torch.int32),
         )  # fmt: skip

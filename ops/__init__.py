@@ -22,7 +22,7 @@ from specdec_kernels.ops.ngram_index import (
     ngram_index_build,
     ngram_index_extend,
 )
-from specdec_kernels.ops.processing import process_logits
+from specdec_kernels.ops.processing import process_logits, token_bitmask
 from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample, sampling_offsets
 from specdec_kernels.ops.verify_inputs import (
     VerifyInputs,
@@ -55,5 +55,6 @@ __all__ = [
     "process_logits",
     "rejection_sample",
     "sampling_offsets",
+    "token_bitmask",
     "update_acceptance_stats",
 ]

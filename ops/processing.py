@@ -57,6 +57,43 @@ define(
 )
 
 
+def token_bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """Pack a bool mask ``[..., V]`` (True: allowed) into the int32 bitmask
+    ``[..., ceil(V / 32)]`` that :func:`process_logits` takes (token ``t`` at bit ``t % 32``
+    of word ``t // 32``, xgrammar's layout), on the mask's device, no host sync. Temporaries:
+    one byte per token. Contract: ``docs/design.md``, "Helpers".
+
+    Parameters
+    ----------
+    allowed : torch.Tensor
+        bool ``[..., V]``, ``V >= 1``; True marks an allowed token.
+
+    Returns
+    -------
+    torch.Tensor
+        int32 ``[..., ceil(V / 32)]``; the bits past ``V`` are clear.
+
+    Raises
+    ------
+    ValueError
+        ``allowed`` not a bool tensor of at least one dimension.
+
+    Examples
+    --------
+    >>> token_bitmask(torch.tensor([[True, False, True] + [False] * 30 + [True]])).tolist()
+    [[5, 2]]
+    """
+    if not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool or allowed.ndim < 1:
+        raise ValueError("allowed must be a bool tensor [..., V]")
+    *lead, V = allowed.shape
+    W = (V + 31) // 32
+    padded = torch.zeros((*lead, W * 32), dtype=torch.uint8, device=allowed.device)
+    padded[..., :V] = allowed
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=allowed.device)
+    packed = (padded.view(*lead, W * 4, 8) * weights).sum(-1, dtype=torch.uint8)
+    return packed.view(torch.int32)  # four bytes per word, little-endian
+
+
 def _per_request(name, t, dtype, shape, what, device):
     if t is None:
         return None

@@ -9,12 +9,18 @@ interpreter.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec_kernels.cpu import processing as cpu_processing
 from specdec_kernels.kernels import processing as triton_processing
-from specdec_kernels.ops import process_logits, rejection_sample
+from specdec_kernels.ops import process_logits, rejection_sample, token_bitmask
 from specdec_kernels.reference import processing as ref_processing
 from tests.bookkeeping_helpers import KERNEL_DEVICE
 
@@ -60,8 +66,12 @@ def run(impl: str, a: dict) -> torch.Tensor:
 
 
 def same(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Bit for bit, NaN where NaN."""
-    return got.dtype == want.dtype and torch.equal(got.view(I32), want.view(I32))
+    """Bit for bit, NaN where NaN (a NaN's payload is not part of the contract: torch's
+    fp16 widening and the interpreter's keep different ones)."""
+    nan = got.isnan()
+    if got.dtype != want.dtype or not torch.equal(nan, want.isnan()):
+        return False
+    return torch.equal(got.masked_fill(nan, 0).view(I32), want.masked_fill(nan, 0).view(I32))
 
 
 # ---------------------------------------------------------------- named cases
@@ -185,6 +195,28 @@ def test_rows_past_the_batch_and_requests_without_drafts_are_processed_as_positi
         assert same(run(impl, a), want), impl
 
 
+def test_a_batch_of_padding_rows_without_state_rows_is_copied():
+    # R = 0: every batch row is padding (found by fuzzing: the kernel read num_tokens[0])
+    a = full_args(
+        target_logits=torch.randn(2, 8), draft_token_ids=i32([3]), cu_num_draft_tokens=i32([0, 1]),
+        token_ids=torch.zeros(0, 4, dtype=I32), num_tokens=torch.zeros(0, dtype=I32),
+        num_prompt_tokens=torch.zeros(0, dtype=I32), req_indices=i32([-1]),
+        repetition_penalty=torch.tensor([2.0]), frequency_penalty=ONES, presence_penalty=ONES,
+    )  # fmt: skip
+    for impl in ("reference", "cpu", "triton", "public"):
+        assert same(run(impl, a), a["target_logits"]), impl
+
+
+@pytest.mark.parametrize("V", [1, 31, 32, 33, 70])
+def test_token_bitmask_packs_the_bool_mask(V):
+    allowed = torch.rand(3, V, generator=torch.Generator().manual_seed(V)) < 0.5
+    words = token_bitmask(allowed)
+    assert words.dtype == I32 and words.shape == (3, (V + 31) // 32)
+    assert torch.equal(words, bits([allowed[r].nonzero().flatten().tolist() for r in range(3)], V))
+    with pytest.raises(ValueError, match="bool"):
+        token_bitmask(allowed.int())
+
+
 def test_target_logits_are_not_modified():
     a = full_args(**BASE, repetition_penalty=torch.tensor([2.0]), frequency_penalty=ONES,
                   presence_penalty=ONES, allowed_token_mask=bits([[1]], 6))  # fmt: skip
@@ -205,12 +237,13 @@ def random_args(seed: int, *, dtype=torch.float32, V=45, transposed=False) -> di
     N = int(cu[-1])
     rows = N + B + 2
     logits = torch.randn(rows, V, generator=g) * 4
-    logits[0, 1] = float("nan")
-    logits[1, :3] = float("-inf")
+    logits[0, min(1, V - 1)] = float("nan")
+    logits[1, : min(3, V)] = float("-inf")
     if transposed:
         logits = logits.t().contiguous().t()
     logits = logits.to(dtype)
     token_ids = torch.randint(0, 7, (R, L), generator=g, dtype=I32)
+    token_ids[0, :2] = V  # ids outside [0, V): vLLM pads prompts with V; the op skips them
     num_tokens = torch.randint(0, L + 1, (R,), generator=g, dtype=I32)
     num_prompt = (num_tokens * torch.rand(R, generator=g)).to(I32)
     req = torch.randperm(R, generator=g)[:B].to(I32)
@@ -222,7 +255,9 @@ def random_args(seed: int, *, dtype=torch.float32, V=45, transposed=False) -> di
     rand_bits = lambda n: torch.randint(-(2**31), 2**31, (n, W), generator=g, dtype=torch.int64)  # noqa: E731
     return full_args(
         target_logits=logits,
-        draft_token_ids=torch.randint(-1, 7, (N + 2,), generator=g, dtype=I32),
+        draft_token_ids=torch.randint(-1, 7, (N + 2,), generator=g, dtype=I32).index_fill_(
+            0, torch.tensor([0]), V
+        ),  # one draft id >= V
         cu_num_draft_tokens=cu, token_ids=token_ids, num_tokens=num_tokens,
         num_prompt_tokens=num_prompt, req_indices=req,
         repetition_penalty=torch.tensor([1.0, 1.3, 0.7, 2.0, 1.0]),
@@ -266,6 +301,55 @@ def test_each_feature_alone_or_absent_matches_the_reference(drop):
         assert same(want, a["target_logits"].float())
     for impl in ("cpu", "triton", "public"):
         assert same(run(impl, a), want), impl
+
+
+@settings(max_examples=25)
+@given(
+    seed=st.integers(0, 10**6),
+    on=st.lists(st.booleans(), min_size=5, max_size=5),
+    V=st.sampled_from([1, 7, 32, 33, 64, 70]),
+)
+def test_random_feature_mixes_equal_the_reference(seed, on, V):
+    a = random_args(seed, V=V)
+    groups = [
+        ("repetition_penalty", "frequency_penalty", "presence_penalty"),
+        ("logit_bias_ids", "logit_bias_values"), ("allowed_token_mask", "grammar_mask"),
+        ("bad_word_ids",), ("min_tokens", "stop_token_ids"),
+    ]  # fmt: skip
+    for keep, names in zip(on, groups, strict=True):
+        if not keep:
+            a.update(dict.fromkeys(names))
+    want = run("reference", a)
+    assert same(run("cpu", a), want)
+    if seed % 5 == 0:  # the interpreter is slow: a fifth of the cases
+        assert same(run("triton", a), want)
+
+
+_UNCHECKED = r"""
+import torch
+from specdec_kernels.ops import process_logits
+I32 = torch.int32
+logits = torch.randn(4, 40)
+# cu[B] = 6 > len(drafts) = 2 and 4 logits rows: rows past the drafts, a grammar mask of 3 rows
+out = process_logits(
+    logits, torch.tensor([1, 2], dtype=I32), torch.tensor([0, 6], dtype=I32),
+    torch.zeros(1, 4, dtype=I32), torch.tensor([9], dtype=I32), torch.tensor([-3], dtype=I32),
+    repetition_penalty=torch.tensor([1.5]), grammar_mask=torch.full((3, 2), -1, dtype=I32),
+    bad_word_ids=torch.tensor([[[1, 2]]], dtype=I32), validate=False,
+)
+assert out.shape == (4, 40)
+print("ok")
+"""
+
+
+def test_unchecked_values_stay_inside_the_arrays(tmp_path):
+    # validate=False with cu past the drafts, lengths past the row, a negative prompt
+    # length: the CPU path clamps and skips, with numba's bounds checks on (its own cache)
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", _UNCHECKED], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
 
 
 # ---------------------------------------------------------------- output invariance
@@ -350,7 +434,8 @@ def base_public(**kw):
     pos = [a.pop(n) for n in ("target_logits", "draft_token_ids", "cu_num_draft_tokens",
                               "token_ids", "num_tokens", "num_prompt_tokens")]  # fmt: skip
     for n in list(kw):
-        if n in ("target_logits", "num_prompt_tokens", "num_tokens", "cu_num_draft_tokens"):
+        if n in ("target_logits", "num_prompt_tokens", "num_tokens", "cu_num_draft_tokens",
+                 "token_ids"):  # fmt: skip
             pos[["target_logits", "draft_token_ids", "cu_num_draft_tokens", "token_ids",
                  "num_tokens", "num_prompt_tokens"].index(n)] = kw.pop(n)  # fmt: skip
     return process_logits(*pos, **kw)
@@ -378,6 +463,18 @@ ERRORS = [
     (dict(num_prompt_tokens=i32([5])), r"num_prompt_tokens must lie in \[0, num_tokens\]"),
     (dict(cu_num_draft_tokens=i32([0, 3])), r"cu_num_draft_tokens\[B\] must be <="),
     (dict(repetition_penalty=torch.tensor([1.0], dtype=torch.float64)), "repetition_penalty"),
+    (dict(min_tokens=i32([1]), stop_token_ids=i32([[6]])), r"stop_token_ids must lie in \[-1, 5\]"),
+    (dict(num_tokens=i32([7])), r"num_tokens must lie in \[0, 6\]"),
+    (dict(cu_num_draft_tokens=i32([0, -1])), "cu_num_draft_tokens"),
+    (dict(cu_num_draft_tokens=i32([1, 2])), r"cu_num_draft_tokens\[0\] must be 0"),
+    (dict(target_logits=torch.zeros(3, 0)), "vocabulary of at least 1"),
+    (dict(req_indices=i32([1])), "req_indices"),
+    (dict(logit_bias_ids=i32([[1, 2]]), logit_bias_values=torch.ones(1, 1)),
+     r"logit_bias_values must have shape \(1, 2\)"),
+    (dict(bad_word_ids=i32([[1, 2]])), "bad_word_ids"),
+    (dict(num_prompt_tokens=i32([1, 1])), r"num_prompt_tokens must have shape \(1,\)"),
+    (dict(token_ids=torch.zeros(1, 6, dtype=I32, device="meta"),
+          num_tokens=torch.zeros(1, dtype=I32, device="meta")), "token_ids must be on cpu"),
 ]  # fmt: skip
 
 

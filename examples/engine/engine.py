@@ -208,6 +208,12 @@ class Engine:
             raise EngineError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
         if params.min_tokens < 0:
             raise EngineError(f"min_tokens must be >= 0, got {params.min_tokens}")
+        finite = [params.frequency_penalty, params.presence_penalty]
+        finite += list((params.logit_bias or {}).values())
+        if not all(abs(x) < float("inf") for x in finite):  # NaN fails too
+            raise EngineError("frequency_penalty, presence_penalty and logit_bias values: finite")
+        if params.allowed_token_ids is not None and not params.allowed_token_ids:
+            raise EngineError("allowed_token_ids must hold at least one token id")
         V = self.model.cfg.vocab_size
         ids = [*(params.logit_bias or {}), *(params.allowed_token_ids or [])]
         ids += [t for w in params.bad_words for t in w]

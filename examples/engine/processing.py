@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec_kernels.ops import token_bitmask
+
 
 @dataclass
 class ProcessingState:
@@ -71,13 +73,11 @@ class ProcessingState:
             for m, (t, v) in enumerate(sorted((sp.logit_bias or {}).items())):
                 self.logit_bias_ids[r, m], self.logit_bias_values[r, m] = t, v
         if self.allowed_token_mask is not None:
-            words = torch.full(((V + 31) // 32,), -1, dtype=torch.int64)
+            allowed = torch.ones(V, dtype=torch.bool)
             if sp.allowed_token_ids is not None:
-                words.zero_()
-                for t in sp.allowed_token_ids:
-                    words[t // 32] |= 1 << (t % 32)
-            words = torch.where(words >= 2**31, words - 2**32, words)
-            self.allowed_token_mask[r] = words.to(torch.int32)
+                allowed.zero_()
+                allowed[sp.allowed_token_ids] = True
+            self.allowed_token_mask[r] = token_bitmask(allowed)
         if self.bad_word_ids is not None:
             self.bad_word_ids[r] = -1
             for s, w in enumerate(sp.bad_words):

@@ -163,7 +163,7 @@ def _process(
                 if j == 0:  # once per request
                     _unpack(allowed, b, V, keep)
                 _select(x, keep, V)
-            if has_grammar:
+            if has_grammar and g < grammar.shape[0]:  # (more rows: unchecked values)
                 _unpack(grammar, g, V, keep_row)
                 _select(x, keep_row, V)
             for s in range(bad.shape[1]):

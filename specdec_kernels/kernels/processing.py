@@ -40,8 +40,8 @@ def _count_kernel(
     pen = (tl.load(rp_ptr + b) != 1.0) | (tl.load(fp_ptr + b) != 0.0) | (tl.load(pp_ptr + b) != 0.0)
     active = pen & (r >= 0) & (r < R)
     r = tl.where(active, r, 0).to(tl.int64)
-    L = tl.minimum(tl.maximum(tl.load(num_tokens_ptr + r), 0), L_max)
-    P = tl.minimum(tl.maximum(tl.load(prompt_ptr + r), 0), L)
+    L = tl.minimum(tl.maximum(tl.load(num_tokens_ptr + r, mask=active, other=0), 0), L_max)
+    P = tl.minimum(tl.maximum(tl.load(prompt_ptr + r, mask=active, other=0), 0), L)
     live = tl.where(active, pos < L, False)  # (vector & scalar fails in the interpreter)
     t = tl.load(token_ids_ptr + r * tok_stride0 + pos * tok_stride1, mask=live, other=-1)
     valid = live & (t >= 0) & (t < V)
@@ -71,12 +71,12 @@ def _in(offs, ids):
     return tl.max((offs[:, None] == ids[None, :]).to(tl.int32), axis=1) > 0
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B", "M", "S", "LW", "T"])
 def _process_kernel(
     logits_ptr, l_stride0, l_stride1, out_ptr, V, cu_ptr, B, drafts_ptr, n_drafts,
     token_ids_ptr, tok_stride0, tok_stride1, L_max, R, num_tokens_ptr, prompt_ptr,
     req_indices_ptr, rp_ptr, fp_ptr, pp_ptr, counts_ptr, bias_ids_ptr, bias_values_ptr, M,
-    allowed_ptr, grammar_ptr, W, bad_ptr, S, LW, min_tokens_ptr, stops_ptr, T,
+    allowed_ptr, grammar_ptr, G, W, bad_ptr, S, LW, min_tokens_ptr, stops_ptr, T,
     HAS_REQ_INDICES: tl.constexpr, HAS_PENALTIES: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_ALLOWED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_BAD: tl.constexpr,
     HAS_MIN: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -95,9 +95,9 @@ def _process_kernel(
     if HAS_REQ_INDICES:
         r = tl.load(req_indices_ptr + bb)
     active = in_batch & (b < B) & (r >= 0) & (r < R)
-    r = tl.where(active, r, 0).to(tl.int64)
-    L = tl.minimum(tl.maximum(tl.load(num_tokens_ptr + r), 0), L_max)
-    P = tl.minimum(tl.maximum(tl.load(prompt_ptr + r), 0), L)
+    r = tl.where(active, r, 0).to(tl.int64)  # (no state row may exist: R = 0)
+    L = tl.minimum(tl.maximum(tl.load(num_tokens_ptr + r, mask=active, other=0), 0), L_max)
+    P = tl.minimum(tl.maximum(tl.load(prompt_ptr + r, mask=active, other=0), 0), L)
     n_out = L - P
     bb64 = bb.to(tl.int64)
 
@@ -106,7 +106,8 @@ def _process_kernel(
         fp = tl.load(fp_ptr + bb)
         pp = tl.load(pp_ptr + bb)
         pen = active & ((rp != 1.0) | (fp != 0.0) | (pp != 0.0))
-        n_prev = tl.where(pen, j, 0)
+        kb = tl.load(cu_ptr + bb + 1) - lo
+        n_prev = tl.where(pen, tl.minimum(j, kb), 0)  # the drafts before row j
     if HAS_BAD:  # the last token of every bad word whose prefix ends the output so far
         s = tl.arange(0, BLOCK_S)
         q = tl.arange(0, BLOCK_LW)
@@ -149,7 +150,7 @@ def _process_kernel(
             c = tl.load(counts_ptr + bb64 * V + offs, mask=tl.where(pen, vm, False), other=0)
             n = c & (PROMPT_BIT - 1)
             for i in range(0, n_prev):
-                d = tl.load(drafts_ptr + lo + i, mask=lo + i < n_drafts, other=-1)
+                d = tl.load(drafts_ptr + lo + i, mask=(lo + i >= 0) & (lo + i < n_drafts), other=-1)
                 n += (offs == d).to(tl.int32)
             seen = (c != 0) | (n > 0)
             rep = tl.where(x > 0, tl.div_rn(x, rp), x * rp)
@@ -164,7 +165,7 @@ def _process_kernel(
         if HAS_GRAMMAR:
             word_g = tl.load(
                 grammar_ptr + g.to(tl.int64) * W + (offs >> 5),
-                mask=tl.where(active, vm, False),
+                mask=tl.where(active & (g < G), vm, False),  # G rows (unchecked values)
                 other=-1,
             )
             banned |= ((word_g >> (offs & 31)) & 1) == 0
@@ -194,6 +195,20 @@ def process_logits(
     n_rows, V = target_logits.shape
     device = target_logits.device
     B = cu_num_draft_tokens.shape[0] - 1
+
+    def flat(t):  # the kernels index the small inputs as contiguous (the wrapper's are)
+        return None if t is None else t.contiguous()
+
+    draft_token_ids, cu_num_draft_tokens, num_tokens, num_prompt_tokens, req_indices = map(
+        flat, (draft_token_ids, cu_num_draft_tokens, num_tokens, num_prompt_tokens, req_indices)
+    )
+    repetition_penalty, frequency_penalty, presence_penalty = map(
+        flat, (repetition_penalty, frequency_penalty, presence_penalty)
+    )
+    logit_bias_ids, logit_bias_values, allowed_token_mask, grammar_mask = map(
+        flat, (logit_bias_ids, logit_bias_values, allowed_token_mask, grammar_mask)
+    )
+    bad_word_ids, min_tokens, stop_token_ids = map(flat, (bad_word_ids, min_tokens, stop_token_ids))
     R, L_max = token_ids.shape
     out = _utils._empty((n_rows, V), torch.float32, device)
     if n_rows == 0 or V == 0:
@@ -218,7 +233,8 @@ def process_logits(
         cu_num_draft_tokens, B, draft_token_ids, draft_token_ids.shape[0], token_ids,
         token_ids.stride(0), token_ids.stride(1), L_max, R, num_tokens, num_prompt_tokens,
         req_indices, repetition_penalty, frequency_penalty, presence_penalty, counts,
-        logit_bias_ids, logit_bias_values, M, allowed_token_mask, grammar_mask, (V + 31) // 32,
+        logit_bias_ids, logit_bias_values, M, allowed_token_mask, grammar_mask,
+        0 if grammar_mask is None else grammar_mask.shape[0], (V + 31) // 32,
         bad_word_ids, S, LW, min_tokens, stop_token_ids, T,
         HAS_REQ_INDICES=req_indices is not None, HAS_PENALTIES=counts is not None,
         HAS_BIAS=M > 0, HAS_ALLOWED=allowed_token_mask is not None,

@@ -28,7 +28,6 @@ from vllm.v1.sample.logits_processor.builtin import (
     MinTokensLogitsProcessor,
 )
 
-from specdec_kernels.integrations.vllm import processing
 from specdec_kernels.integrations.vllm import rejection as plugin
 
 SEEDS = range(8)
@@ -160,15 +159,6 @@ def test_logit_bias_is_applied_to_every_row_as_vllms_plain_sampler_does():
         assert torch.equal(got, want), seed
         changed += not torch.equal(got, our_tokens(md, logits, sampling_metadata(B, V)))
     assert changed
-
-
-def test_bitmask_packing_matches_the_bool_mask():
-    allowed = torch.rand(3, 70, generator=torch.Generator().manual_seed(0)) < 0.5
-    words = processing.pack_bits(allowed)
-    t = torch.arange(70)
-    unpacked = ((words.long()[:, t // 32] >> (t % 32)) & 1).bool()
-    assert words.dtype == torch.int32 and words.shape == (3, 3)
-    assert torch.equal(unpacked, allowed)
 
 
 def request_rows(drafts):

@@ -3,27 +3,25 @@ of :func:`specdec_kernels.ops.process_logits` (the rejection plugin's verify ste
 
 vLLM 0.33.0's ``SamplingMetadata`` holds them as host lists and per-request tensors; they
 become one token buffer (each request's padded prompt, then its output), packed bitmasks
-and padded id tensors, with one host-to-device copy each and no device synchronisation.
-The prompt keeps vLLM's padding (``vocab_size``, outside ``[0, V)``), which the op ignores,
-so every request's output starts at the same column.
+and padded id tensors. Host-built tensors go to a CUDA device from pinned memory without
+blocking (as vLLM's own ``async_tensor_h2d``), so the host never waits for the queued
+forward. The prompt keeps vLLM's padding (``vocab_size``, outside ``[0, V)``), which the op
+ignores, so every request's output starts at the same column.
 
-Differences from vLLM's rejection sampler, both where vLLM's draft rows differ from its own
-plain ``Sampler`` (the op processes every row as the plain sampler would, so speculation
-never changes the output):
+Where vLLM's rejection sampler differs from the op (logit bias on draft rows, ``min_tokens``
+at the bonus row): ``docs/design.md``, "``process_logits``". One more, of rounding only:
+the op's repetition penalty divides (vLLM's CUDA kernel); vLLM's CPU path multiplies by
+``1 / p``, which can differ by one ulp.
 
-- logit bias: vLLM applies it to the bonus row only (its ``Sampler``), not to the draft
-  rows; the op applies it to every row;
-- the repetition penalty: ``l / p`` (vLLM's CUDA kernel); vLLM's CPU path multiplies by
-  ``1 / p``, which can round one ulp apart.
-
-vLLM imports happen inside the functions, so this module imports without vLLM.
-"""
+vLLM imports happen inside the functions, so this module imports without vLLM."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+from specdec_kernels.ops import token_bitmask
 
 
 def _processor(sampling_metadata: Any, kind: str) -> Any:
@@ -66,24 +64,19 @@ def needs_processing(sampling_metadata: Any) -> bool:
     )
 
 
+def _h2d(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on ``device``: from pinned memory, not blocking, on CUDA."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:
     out = torch.full((len(rows), max(width, 1)), -1, dtype=torch.int32)
     for i, ids in enumerate(rows):
         if ids:
             out[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
-    return out.to(device)
-
-
-def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
-    """bool ``[B, V]`` -> int32 ``[B, ceil(V / 32)]``, token ``t`` at bit ``t % 32`` of word
-    ``t // 32`` (the op's bitmask layout), on the device of ``allowed``."""
-    B, V = allowed.shape
-    W = (V + 31) // 32
-    padded = torch.zeros((B, W * 32), dtype=torch.int64, device=allowed.device)
-    padded[:, :V] = allowed.to(torch.int64)
-    shifts = torch.arange(32, device=allowed.device, dtype=torch.int64)
-    words = (padded.view(B, W, 32) << shifts).sum(-1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return _h2d(out, device)
 
 
 def process_inputs(sampling_metadata: Any, batch_size: int, device) -> dict:
@@ -122,7 +115,7 @@ def process_inputs(sampling_metadata: Any, batch_size: int, device) -> dict:
         out_width = max(out_width, bad.shape[2] - P)
     out_tokens = _padded(outputs, out_width, device)
     token_ids = out_tokens if prompt is None else torch.cat([prompt, out_tokens], dim=1)
-    lengths = torch.tensor([P + len(o) for o in outputs], dtype=torch.int32).to(device)
+    lengths = _h2d(torch.tensor([P + len(o) for o in outputs], dtype=torch.int32), device)
     kw: dict[str, Any] = dict(
         token_ids=token_ids,
         num_tokens=lengths,
@@ -135,13 +128,13 @@ def process_inputs(sampling_metadata: Any, batch_size: int, device) -> dict:
             presence_penalty=sm.presence_penalties[:B].to(device, torch.float32),
         )
     if bad is not None:
-        kw["bad_word_ids"] = bad.to(device)
+        kw["bad_word_ids"] = _h2d(bad, device)
     if sm.allowed_token_ids_mask is not None:  # True marks a token that is not allowed
-        kw["allowed_token_mask"] = pack_bits(~sm.allowed_token_ids_mask[:B].to(device))
+        kw["allowed_token_mask"] = token_bitmask(~sm.allowed_token_ids_mask[:B].to(device))
     if min_toks:
         stops = [sorted(min_toks[b][2]) if b in min_toks else [] for b in range(B)]
         minimum = [min_toks[b][0] if b in min_toks else 0 for b in range(B)]
-        kw["min_tokens"] = torch.tensor(minimum, dtype=torch.int32).to(device)
+        kw["min_tokens"] = _h2d(torch.tensor(minimum, dtype=torch.int32), device)
         kw["stop_token_ids"] = _padded(stops, max(map(len, stops), default=0), device)
     biases = logit_biases(sm)
     if biases:
@@ -152,5 +145,5 @@ def process_inputs(sampling_metadata: Any, batch_size: int, device) -> dict:
         for b, row in enumerate(entries):
             for m, (t, v) in enumerate(row):
                 ids[b, m], values[b, m] = t, v
-        kw.update(logit_bias_ids=ids.to(device), logit_bias_values=values.to(device))
+        kw.update(logit_bias_ids=_h2d(ids, device), logit_bias_values=_h2d(values, device))
     return kw

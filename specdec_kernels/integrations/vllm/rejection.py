@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from specdec_kernels.integrations.vllm import processing
+from specdec_kernels.integrations.vllm.logprobs import RAW_LOGPROBS_MODES, raw_logprobs
 from specdec_kernels.ops import exclusive_cu_num_draft_tokens, process_logits, rejection_sample
 
 logger = logging.getLogger(__name__)
@@ -37,9 +38,6 @@ this module was checked against (tests/integrations)."""
 SEED_HIGH = 2**62
 """Per-step Philox keys are drawn in ``[0, SEED_HIGH)``."""
 
-RAW_LOGPROBS_MODES = ("raw_logprobs", "raw_logits")
-"""vLLM ``logprobs_mode`` settings whose logprobs :func:`verify` returns (of the raw
-target logits, as vLLM computes them); the processed modes fall back."""
 
 _ON = ("1", "true", "yes", "on", "force")
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -295,8 +293,9 @@ def verify(
     - penalties, bad words, ``allowed_token_ids``, ``min_tokens`` and logit bias: the
       gathered rows go through :func:`specdec_kernels.ops.process_logits` first
       (:mod:`.processing` maps the metadata), every row as vLLM's plain ``Sampler`` would
-      process its position (drafts before it counted as output). vLLM's draft rows get no
-      logit bias; here they do, so with a bias the tokens are its plain sampler's.
+      process its position (drafts before it counted as output); where vLLM's draft and
+      bonus rows differ from that (logit bias, ``min_tokens`` at the bonus row), see
+      ``docs/design.md``, "``process_logits``".
     - randomness: :func:`request_seeds`.
     - logprobs (``max_num_logprobs``, the ``raw_logprobs`` and ``raw_logits`` modes): top-N
       and the emitted token's logprob and rank of the raw target rows, by vLLM's own
@@ -384,19 +383,3 @@ def verify(
             sampler = rejection_sampler.sampler
         logprobs = raw_logprobs(sampler, raw_logits, cu, out.output_token_ids, sm.max_num_logprobs)
     return SamplerOutput(sampled_token_ids=out.output_token_ids, logprobs_tensors=logprobs)
-
-
-def raw_logprobs(sampler, rows, cu, output_token_ids, num_logprobs):
-    """vLLM's ``LogprobsTensors`` of every output slot, computed by vLLM's own ``Sampler``
-    helpers on the raw fp32 target rows (``rows``: the op's layout), as its rejection
-    sampler does in the raw modes: slot ``j`` of request ``b`` reads row ``cu[b] + b + j``
-    (clamped to the last row; slots past the emitted tokens are dropped by vLLM's
-    ``parse_output``), placeholders as token 0."""
-    B, K1 = output_token_ids.shape
-    start = cu[:-1].long() + torch.arange(B, device=rows.device)
-    index = (start[:, None] + torch.arange(K1, device=rows.device)).flatten()
-    picked = rows.float()[index.clamp(max=rows.shape[0] - 1)]
-    if sampler.logprobs_mode == "raw_logprobs":
-        picked = sampler.compute_logprobs(picked)
-    tokens = output_token_ids.flatten().long().clamp(min=0)
-    return sampler.gather_logprobs(picked, num_logprobs, tokens)
