@@ -211,13 +211,13 @@ for flag in (False, True):
     build(K._count_kernel, dict(HAS_REQ_INDICES=flag, BLOCK=1024, **absent), f32)
 for logits, flag in (("*fp32", True), ("*bf16", False), ("*fp16", True)):
     names = ("req_indices_ptr", "rp_ptr", "fp_ptr", "pp_ptr", "counts_ptr", "bias_ids_ptr",
-             "bias_values_ptr", "allowed_ptr", "grammar_ptr", "bad_ptr", "min_tokens_ptr",
-             "stops_ptr")
+             "bias_values_ptr", "allowed_ptr", "grammar_ptr", "bad_ptr", "bans_ptr",
+             "min_tokens_ptr", "stops_ptr")
     absent = {} if flag else {n: None for n in names}
     build(K._process_kernel,
           dict(HAS_REQ_INDICES=flag, HAS_PENALTIES=flag, HAS_BIAS=flag, HAS_ALLOWED=flag,
-               HAS_GRAMMAR=flag, HAS_BAD=flag, HAS_MIN=flag, BLOCK_B=8, BLOCK_S=4,
-               BLOCK_LW=4, BLOCK_T=2, BLOCK=1024, **absent),
+               HAS_GRAMMAR=flag, HAS_BAD=flag, HAS_MIN=flag, BLOCK_B=8, BLOCK_S=16,
+               BLOCK_T=16, BLOCK=1024, **absent),
           dict(f32, logits_ptr=logits))
 print("compiled")
 """

@@ -284,6 +284,25 @@ def test_cpu_and_triton_equal_the_reference_bit_for_bit(seed, dtype, transposed)
         assert same(run(impl, a), want), impl
 
 
+def test_more_bad_words_and_stop_tokens_than_one_kernel_tile():
+    # the kernel takes words and stop ids 16 at a time and word tokens column by column
+    a = random_args(11)
+    g = torch.Generator().manual_seed(2)
+    B = a["cu_num_draft_tokens"].shape[0] - 1
+    words = torch.full((B, 21, 18), -1, dtype=I32)
+    lengths = torch.randint(1, 4, (B, 21), generator=g)
+    for b in range(B):
+        for s_ in range(21):
+            n = int(lengths[b, s_])
+            words[b, s_, :n] = torch.randint(0, 7, (n,), generator=g, dtype=I32)
+    words[:, 20] = 3  # one word of 18 tokens: its prefix is longer than any output
+    a.update(bad_word_ids=words, stop_token_ids=torch.randint(-1, 45, (B, 19), generator=g,
+                                                              dtype=I32))  # fmt: skip
+    want = run("reference", a)
+    assert same(run("cpu", a), want) and same(run("triton", a), want)
+    assert not same(want, run("reference", {**a, "bad_word_ids": None}))  # the words bite
+
+
 @pytest.mark.parametrize("drop", ["penalties", "bias", "masks", "bad", "min", "all"])
 def test_each_feature_alone_or_absent_matches_the_reference(drop):
     a = random_args(3)

@@ -7,9 +7,12 @@
 - ``_process_kernel``, grid ``(rows,)``: one program per logits row finds its request
   (``b = #{t >= 1: cu[t] + t <= row}``) and its draft index ``j``, then streams the row in
   vocabulary blocks: logit bias (entries in order), penalties (the counts plus the drafts
-  before ``j``), the bitmasks, bad words and min_tokens' stop tokens (whose banned ids it
-  finds once per row), and writes the fp32 result. Rows of padding requests and rows past
-  the batch are copied.
+  before ``j``), the bitmasks, bad words and min_tokens' stop tokens, and writes the fp32
+  result. Before the vocabulary loop it finds the bad words whose prefix ends the row's
+  output, 16 words at a time and one token column at a time (any number and length of
+  words), and writes their last tokens to an int32 ``[rows, S]`` scratch it then reads
+  back in 16-id tiles (stop tokens likewise, from their input). Rows of padding requests
+  and rows past the batch are copied.
 
 Launched with ``enable_fp_fusion=False`` (``l - f * c`` must round twice, as on the CPU) and
 ``div_rn`` for the repetition penalty (the GPU's default division is approximate), so the
@@ -76,11 +79,11 @@ def _process_kernel(
     logits_ptr, l_stride0, l_stride1, out_ptr, V, cu_ptr, B, drafts_ptr, n_drafts,
     token_ids_ptr, tok_stride0, tok_stride1, L_max, R, num_tokens_ptr, prompt_ptr,
     req_indices_ptr, rp_ptr, fp_ptr, pp_ptr, counts_ptr, bias_ids_ptr, bias_values_ptr, M,
-    allowed_ptr, grammar_ptr, G, W, bad_ptr, S, LW, min_tokens_ptr, stops_ptr, T,
+    allowed_ptr, grammar_ptr, G, W, bad_ptr, S, LW, bans_ptr, min_tokens_ptr, stops_ptr, T,
     HAS_REQ_INDICES: tl.constexpr, HAS_PENALTIES: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_ALLOWED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_BAD: tl.constexpr,
     HAS_MIN: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_LW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     g = tl.program_id(0)
     n_rows = tl.num_programs(0)
@@ -108,30 +111,33 @@ def _process_kernel(
         pen = active & ((rp != 1.0) | (fp != 0.0) | (pp != 0.0))
         kb = tl.load(cu_ptr + bb + 1) - lo
         n_prev = tl.where(pen, tl.minimum(j, kb), 0)  # the drafts before row j
-    if HAS_BAD:  # the last token of every bad word whose prefix ends the output so far
-        s = tl.arange(0, BLOCK_S)
-        q = tl.arange(0, BLOCK_LW)
-        word = tl.load(
-            bad_ptr + (bb64 * S + s[:, None]) * LW + q[None, :],
-            mask=tl.where(active, (s[:, None] < S) & (q[None, :] < LW), False),
-            other=-1,
-        )
-        n_w = tl.min(tl.where(word < 0, q[None, :], BLOCK_LW), axis=1)  # tokens before the -1
-        n_w = tl.minimum(n_w, LW)
-        last = tl.sum(tl.where(q[None, :] == n_w[:, None] - 1, word, 0), axis=1)
-        back = n_w[:, None] - 2 - q[None, :]  # prefix entry q is `back` places before the row
-        in_prefix = q[None, :] < n_w[:, None] - 1
-        past = _past(
-            drafts_ptr, n_drafts, lo, j, token_ids_ptr, tok_stride0, tok_stride1, r, L, back,
-            tl.where(active, in_prefix, False),
-        )  # fmt: skip
-        mismatch = tl.max((in_prefix & (past != word)).to(tl.int32), axis=1) > 0
-        hit = (n_w > 0) & (n_w - 1 <= n_out + j) & (~mismatch) & (last < V)
-        banned_words = tl.where(hit, last, -1)
+    if HAS_BAD:  # the last token of every bad word whose prefix ends the output so far,
+        # BLOCK_S words at a time, their tokens one column at a time (any S and length),
+        # into this row's scratch (-1: none), read back in the vocabulary loop
+        for s0 in range(0, S, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            live_s = tl.where(active, s < S, False)
+            word_ptr = bad_ptr + (bb64 * S + s) * LW
+            n_w = tl.full([BLOCK_S], LW, tl.int32)  # tokens before the first -1
+            for q in range(0, LW):
+                t = tl.load(word_ptr + q, mask=live_s, other=-1)
+                n_w = tl.where((t < 0) & (n_w == LW), q, n_w)
+            last = tl.load(word_ptr + n_w - 1, mask=tl.where(active, (s < S) & (n_w > 0), False),
+                           other=-1)  # fmt: skip
+            mismatch = s < 0
+            for q in range(0, LW):  # prefix entry q is n_w - 2 - q places before the row
+                in_prefix = tl.where(active, (s < S) & (q < n_w - 1), False)
+                w = tl.load(word_ptr + q, mask=in_prefix, other=-1)
+                past = _past(
+                    drafts_ptr, n_drafts, lo, j, token_ids_ptr, tok_stride0, tok_stride1, r, L,
+                    n_w - 2 - q, in_prefix,
+                )  # fmt: skip
+                mismatch |= in_prefix & (past != w)
+            hit = live_s & (n_w > 0) & (n_w - 1 <= n_out + j) & (~mismatch) & (last < V)
+            tl.store(bans_ptr + g.to(tl.int64) * S + s, tl.where(hit, last, -1), mask=s < S)
+        tl.debug_barrier()  # the stores above are read by every thread of the program below
     if HAS_MIN:
-        t_ = tl.arange(0, BLOCK_T)
         on = active & (n_out + j < tl.load(min_tokens_ptr + bb))
-        stops = tl.load(stops_ptr + bb64 * T + t_, mask=tl.where(on, t_ < T, False), other=-1)
 
     for v0 in range(0, V, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
@@ -170,9 +176,15 @@ def _process_kernel(
             )
             banned |= ((word_g >> (offs & 31)) & 1) == 0
         if HAS_BAD:
-            banned |= _in(offs, banned_words)
+            for s0 in range(0, S, BLOCK_S):
+                s = s0 + tl.arange(0, BLOCK_S)
+                ids = tl.load(bans_ptr + g.to(tl.int64) * S + s, mask=s < S, other=-1)
+                banned |= _in(offs, ids)
         if HAS_MIN:
-            banned |= _in(offs, stops)
+            for t0 in range(0, T, BLOCK_T):
+                t_ = t0 + tl.arange(0, BLOCK_T)
+                live_t = tl.where(on, t_ < T, False)
+                banned |= _in(offs, tl.load(stops_ptr + bb64 * T + t_, mask=live_t, other=-1))
         x = tl.where(banned, float("-inf"), x)
         tl.store(out_ptr + g.to(tl.int64) * V + offs, x, mask=vm)
 
@@ -227,6 +239,7 @@ def process_logits(
         )  # fmt: skip
     M = 0 if logit_bias_ids is None else logit_bias_ids.shape[1]
     S, LW = (0, 0) if bad_word_ids is None else bad_word_ids.shape[1:]
+    bans = _utils._empty((n_rows, S), torch.int32, device) if S * LW > 0 else None  # scratch
     T = 0 if stop_token_ids is None else stop_token_ids.shape[1]
     _process_kernel[(n_rows,)](
         target_logits, target_logits.stride(0), target_logits.stride(1), out, V,
@@ -235,12 +248,12 @@ def process_logits(
         req_indices, repetition_penalty, frequency_penalty, presence_penalty, counts,
         logit_bias_ids, logit_bias_values, M, allowed_token_mask, grammar_mask,
         0 if grammar_mask is None else grammar_mask.shape[0], (V + 31) // 32,
-        bad_word_ids, S, LW, min_tokens, stop_token_ids, T,
+        bad_word_ids, S, LW, bans, min_tokens, stop_token_ids, T,
         HAS_REQ_INDICES=req_indices is not None, HAS_PENALTIES=counts is not None,
         HAS_BIAS=M > 0, HAS_ALLOWED=allowed_token_mask is not None,
         HAS_GRAMMAR=grammar_mask is not None, HAS_BAD=S * LW > 0,
         HAS_MIN=min_tokens is not None and T > 0, BLOCK_B=next_pow2(B),
-        BLOCK_S=next_pow2(S), BLOCK_LW=next_pow2(LW), BLOCK_T=next_pow2(T),
+        BLOCK_S=min(16, next_pow2(S)), BLOCK_T=min(16, next_pow2(T)),
         BLOCK=min(1024, next_pow2(V)), enable_fp_fusion=False,
     )  # fmt: skip
     return out
