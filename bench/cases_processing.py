@@ -29,6 +29,11 @@ SPECS = [
 ]
 SPECS += [{"B": 8, "V": 32000, "L": 8192, "features": "all", "step": "process"}]
 SPECS += [{"B": 8, "V": 32000, "L": 1024, "features": "neutral", "step": "process"}]
+# the extremes: B = 256, and 32k-token histories
+SPECS += [
+    {"B": 256, "V": 32000, "L": 1024, "features": "all", "step": s} for s in ("process", "verify")
+]
+SPECS += [{"B": 8, "V": 32000, "L": 32768, "features": "all", "step": "process"}]
 QUICK_SPECS = [
     {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
     for f, s in (("all", "process"), ("all", "verify"), ("neutral", "process"))
