@@ -109,6 +109,7 @@ NONE_I32_2D = np.zeros((0, 0), dtype=np.int32)
 NONE_I64_2D = np.zeros((0, 0), dtype=np.int64)
 NONE_F32_2D = np.zeros((0, 0), dtype=np.float32)
 NONE_U16_2D = np.zeros((0, 0), dtype=np.uint16)
+NONE_I32_3D = np.zeros((0, 0, 0), dtype=np.int32)
 NONE_I32_4D = np.zeros((0, 0, 0, 0), dtype=np.int32)
 """What a kernel gets for an absent optional tensor, beside a ``has_<x>`` flag: one
 compiled kernel serves calls with and without it (a ``None`` would compile one per

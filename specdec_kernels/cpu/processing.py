@@ -23,6 +23,7 @@ from specdec_kernels.cpu._jit import (
     NONE_F32_2D,
     NONE_I32,
     NONE_I32_2D,
+    NONE_I32_3D,
     as_float32,
     float_rows,
     jit,
@@ -35,7 +36,6 @@ from specdec_kernels.cpu._jit import (
 PROMPT_BIT = np.int32(1 << 30)
 """Bit of a count that says "seen in the prompt"; the bits below count output occurrences."""
 NEG_INF = np.float32(-np.inf)
-NONE_I32_3D = np.zeros((0, 0, 0), dtype=np.int32)
 
 
 def require_together(repetition_penalty, frequency_penalty, presence_penalty, logit_bias_ids,
