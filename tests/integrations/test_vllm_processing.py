@@ -287,3 +287,52 @@ def test_raw_mode_logprobs_are_vllms(mode, with_penalties):
         for name in ("logprob_token_ids", "logprobs", "selected_token_ranks"):
             a, b = getattr(g, name)[emitted], getattr(w, name)[emitted]
             assert torch.equal(a, b), (mode, seed, name)
+
+
+@pytest.mark.parametrize("mode", ["processed_logprobs", "processed_logits"])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_processed_mode_logprobs_are_vllms(mode, sampled):
+    # vLLM's processed rows: after penalties and bad words, then (not all greedy) its
+    # temperature, top-k and top-p; the top-N of every verified slot, and of an all-greedy
+    # batch the emitted tokens' logprobs and ranks too (sampled tokens differ from vLLM's)
+    from test_vllm_rejection import VLLM_FORWARD
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler
+
+    for seed in range(4):
+        drafts, logits = greedy_batch(seed)
+        B, V = len(drafts), logits.shape[1]
+        fields = features("penalties", seed, drafts, V)
+        fields.update(features("bad_words", seed, drafts, V))  # the same outputs (seed)
+        constraints = {}
+        if sampled:
+            constraints = dict(
+                temperature=[0.0, 0.7, 1.3, 0.9] * (B // 4), top_k=[V, 6, V, 4] * (B // 4),
+                top_p=[1.0, 1.0, 0.8, 0.9] * (B // 4),
+            )  # fmt: skip
+        sm = replace(sampling_metadata(B, V, **constraints), max_num_logprobs=3, **fields)
+        md = spec_metadata(drafts)
+        sampler = RejectionSampler(Sampler(logprobs_mode=mode))
+        assert plugin.unsupported_reason(sampler, md, None, logits, sm) is None
+        torch.manual_seed(seed)
+        want = VLLM_FORWARD(RejectionSampler(Sampler(logprobs_mode=mode)), md, None,
+                            logits.clone(), sm)  # fmt: skip
+        got = plugin.verify(md, None, logits, sm, sampler)
+        g, w = got.logprobs_tensors, want.logprobs_tensors
+        K1 = got.sampled_token_ids.shape[1]
+        real = torch.arange(K1)[None, :] <= torch.tensor([len(d) for d in drafts])[:, None]
+        real = real.flatten()  # slots that read one of the request's own rows
+        top = slice(1, None)  # column 0 is the emitted token, then the top-N
+        assert torch.equal(g.logprob_token_ids[real, top], w.logprob_token_ids[real, top])
+        torch.testing.assert_close(g.logprobs[real, top], w.logprobs[real, top],
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+        if not sampled:
+            assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
+            emitted = (got.sampled_token_ids >= 0).flatten()
+            assert torch.equal(g.logprob_token_ids[emitted], w.logprob_token_ids[emitted])
+            assert torch.equal(g.selected_token_ranks[emitted], w.selected_token_ranks[emitted])
+            torch.testing.assert_close(g.logprobs[emitted], w.logprobs[emitted],
+                                       rtol=1e-5, atol=1e-6)  # fmt: skip
+        raw_mode = RejectionSampler(Sampler(logprobs_mode=mode.replace("processed", "raw")))
+        raw = plugin.verify(md, None, logits, sm, raw_mode).logprobs_tensors
+        assert not torch.equal(raw.logprobs[real, top], g.logprobs[real, top])  # it bites

@@ -439,10 +439,12 @@ def test_each_unsupported_feature_is_named():
     assert reason(probs=torch.rand(md.draft_token_ids.shape[0], V)) is None
     assert reason(max_num_logprobs=0) is None  # raw_logprobs, vLLM's default mode
     assert reason(max_num_logprobs=-1).startswith("full-vocabulary logprobs")
-    processed = RejectionSampler(Sampler(logprobs_mode="processed_logprobs"))
-    assert reason(sampler=processed, max_num_logprobs=2) == (
-        "logprobs in the 'processed_logprobs' mode"
-    )
+    for mode in ("raw_logits", "processed_logprobs", "processed_logits"):
+        sampler = RejectionSampler(Sampler(logprobs_mode=mode))
+        assert reason(sampler=sampler, max_num_logprobs=2) is None
+    future = RejectionSampler(Sampler())
+    future.sampler.logprobs_mode = "future_mode"  # a mode vLLM 0.33.0 does not have
+    assert reason(sampler=future, max_num_logprobs=2) == "logprobs in the 'future_mode' mode"
     assert reason(logprob_token_ids={0: [1]}) == "logprob_token_ids"
     # mapped onto process_logits: no reason
     assert reason(no_penalties=False) is None

@@ -22,7 +22,12 @@ from typing import Any
 import torch
 
 from specdec_kernels.integrations.vllm import processing
-from specdec_kernels.integrations.vllm.logprobs import RAW_LOGPROBS_MODES, raw_logprobs
+from specdec_kernels.integrations.vllm.logprobs import (
+    LOGPROBS_MODES,
+    PROCESSED_LOGPROBS_MODES,
+    gather_logprobs,
+    sampled_rows,
+)
 from specdec_kernels.ops import exclusive_cu_num_draft_tokens, process_logits, rejection_sample
 
 logger = logging.getLogger(__name__)
@@ -154,8 +159,8 @@ def unsupported_reason(
     The batch falls back as a whole when any request uses a feature that this library does
     not implement as vLLM does: an active min-p or custom logits processor, ``min_tokens``
     on a request with structured output (vLLM then unmasks the stop tokens of a row that
-    would have no token left), a thinking-token budget, logprobs in a processed
-    ``logprobs_mode``, ``logprob_token_ids`` or full-vocabulary logprobs, vLLM's
+    would have no token left), a thinking-token budget, ``logprob_token_ids``,
+    full-vocabulary logprobs or a ``logprobs_mode`` other than vLLM 0.33.0's four, vLLM's
     synthetic or FLy acceptance modes, a sampler that is not vLLM's plain ``Sampler``, a
     device other than CPU/CUDA (ROCm included), logits not fp32/bf16/fp16, or
     ``draft_probs`` of another vocabulary. Penalties, bad words,
@@ -203,7 +208,7 @@ def unsupported_reason(
         return "logprob_token_ids"
     if sm.max_num_logprobs is not None:
         mode = rejection_sampler.sampler.logprobs_mode
-        if mode not in RAW_LOGPROBS_MODES:
+        if mode not in LOGPROBS_MODES:
             return f"logprobs in the {mode!r} mode"
         if sm.max_num_logprobs < 0:
             return "full-vocabulary logprobs (max_num_logprobs = -1)"
@@ -297,9 +302,11 @@ def verify(
       bonus rows differ from that (logit bias, ``min_tokens`` at the bonus row), see
       ``docs/design.md``, "``process_logits``".
     - randomness: :func:`request_seeds`.
-    - logprobs (``max_num_logprobs``, the ``raw_logprobs`` and ``raw_logits`` modes): top-N
-      and the emitted token's logprob and rank of the raw target rows, by vLLM's own
-      ``Sampler.compute_logprobs`` and ``gather_logprobs`` (:func:`raw_logprobs`).
+    - logprobs (``max_num_logprobs``, all four ``logprobs_mode`` settings): top-N and the
+      emitted token's logprob and rank, by vLLM's own ``Sampler.compute_logprobs`` and
+      ``gather_logprobs``, of the raw target rows (raw modes) or of the processed rows
+      after vLLM's temperature, top-k and top-p (processed modes, as vLLM's rejection
+      sampler; :mod:`.logprobs`).
 
     Parameters
     ----------
@@ -374,12 +381,15 @@ def verify(
         offsets=offsets,
     )
     logprobs = None
-    if sm.max_num_logprobs is not None:  # raw modes (unsupported_reason): the raw rows
+    if sm.max_num_logprobs is not None:  # top-N >= 0 in one of the four modes (unsupported_reason)
         if rejection_sampler is None:
             from vllm.v1.sample.sampler import Sampler
 
             sampler = Sampler()  # vLLM's default mode, raw_logprobs
         else:
             sampler = rejection_sampler.sampler
-        logprobs = raw_logprobs(sampler, raw_logits, cu, out.output_token_ids, sm.max_num_logprobs)
+        rows = raw_logits
+        if sampler.logprobs_mode in PROCESSED_LOGPROBS_MODES:
+            rows = sampled_rows(target_logits.float(), cu, sm)
+        logprobs = gather_logprobs(sampler, rows, cu, out.output_token_ids, sm.max_num_logprobs)
     return SamplerOutput(sampled_token_ids=out.output_token_ids, logprobs_tensors=logprobs)
