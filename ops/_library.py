@@ -34,6 +34,9 @@ class OpInfo(NamedTuple):
     """``"specdec_kernels.kernels.<family>:<launcher>"``; ``<family>`` also names the
     reference (``specdec_kernels.reference.<family>``) and the CPU module."""
     fake: Callable
+    cpu_checked: Callable | None = None
+    """``cpu`` that first runs the wrapper's value checks inside its kernel and returns None
+    when one fails (see :func:`call`), for ops whose CPU call is a few microseconds."""
 
 
 OPS: dict[str, OpInfo] = {}
@@ -60,14 +63,17 @@ def _lazy(target: str) -> Callable:
     return cuda_impl
 
 
-def define(schema: str, *, cpu: Callable, cuda: str, fake: Callable) -> None:
+def define(
+    schema: str, *, cpu: Callable, cuda: str, fake: Callable, cpu_checked: Callable | None = None
+) -> None:
     """Define ``specdec::<name>`` from ``schema`` and register its CPU, CUDA and fake impls.
 
     ``cuda`` names the Triton launcher as ``"specdec_kernels.kernels.<family>:<name>"``;
-    it is imported at the first CUDA call (see the module docstring).
+    it is imported at the first CUDA call (see the module docstring). ``cpu_checked``:
+    see :class:`OpInfo`.
     """
     name = schema.split("(", 1)[0]
-    OPS[name] = OpInfo(schema, cpu, cuda, fake)
+    OPS[name] = OpInfo(schema, cpu, cuda, fake, cpu_checked)
     lib.define(schema)
     lib.impl(name, cpu, "CPU")
     lib.impl(name, _lazy(cuda), "CUDA")
@@ -94,7 +100,7 @@ def _plain_cpu(values) -> bool:
     return True
 
 
-def call(name: str, **kwargs):
+def call(name: str, *, value_checks: Callable[[], None] | None = None, **kwargs):
     """``torch.ops.specdec.<name>(**kwargs)``, the way every public wrapper calls its op.
 
     In plain eager mode on CPU tensors it calls the registered CPU function itself: what
@@ -102,9 +108,23 @@ def call(name: str, **kwargs):
     the dispatcher exists for goes through it: ``torch.compile`` and ``torch.export``
     tracing, ``torch.jit`` tracing, a dispatch or torch-function mode (fake tensors,
     ``with torch.device(...)``), a running ``torch.profiler``, functorch transforms, tensor
-    subclasses, tensors that require grad, other devices."""
+    subclasses, tensors that require grad, other devices.
+
+    ``value_checks``: the wrapper's value checks (raising ``ValueError``), run before the
+    op; None: none to run. For an op with a ``cpu_checked`` function, the plain CPU call
+    runs them inside the kernel instead and calls ``value_checks`` only when the kernel
+    refuses the values, to raise the wrapper's error."""
     if calls_cpu_directly(kwargs):
-        return OPS[name].cpu(**kwargs)
+        info = OPS[name]
+        if value_checks is not None and info.cpu_checked is not None:
+            result = info.cpu_checked(**kwargs)
+            if result is not None:
+                return result
+        if value_checks is not None:
+            value_checks()
+        return info.cpu(**kwargs)
+    if value_checks is not None:
+        value_checks()
     return getattr(torch.ops.specdec, name)(**kwargs)
 
 

@@ -7,6 +7,7 @@ Contract: ``docs/design.md``, "``ngram_propose``".
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -66,6 +67,7 @@ define(
     cpu=_cpu.ngram_propose,
     cuda="specdec_kernels.kernels.ngram:ngram_propose",
     fake=_fake,
+    cpu_checked=_cpu.ngram_propose_checked,
 )
 
 
@@ -178,20 +180,11 @@ def ngram_propose(
     if corpus is not None:
         _check_same_n("corpus", check_corpus(corpus, device), min_n, max_n)
 
+    value_checks = None
     if should_check_values([token_ids, num_tokens, req_indices, max_draft_tokens], validate):
-        check_req_indices_values(req_indices, R, what="rows of token_ids")
-        other = None if index is None else index.length
-        if check_batch_lengths(num_tokens, req_indices, B, L_max, other=other) != (0, 0):
-            raise ValueError(
-                "index.length must equal num_tokens for the rows in the batch (call "
-                "ngram_index_extend after every commit, ngram_index_build at admission)"
-            )
-        if max_draft_tokens is not None and max_draft_tokens.numel():
-            if int(max_draft_tokens.min()) < 0:
-                raise ValueError(
-                    f"max_draft_tokens must be >= 0, got {int(max_draft_tokens.min())}"
-                )
-
+        value_checks = functools.partial(
+            _check_values, num_tokens, req_indices, max_draft_tokens, index, B, R, L_max
+        )
     drafts, counts, match_len, source = call(
         "ngram_propose",
         token_ids=token_ids,
@@ -205,5 +198,20 @@ def ngram_propose(
         num_speculative_tokens=num_speculative_tokens,
         max_model_len=max_model_len,
         tie_break=tie_break,
+        value_checks=value_checks,
     )
     return NgramProposal(drafts, counts, match_len, source)
+
+
+def _check_values(num_tokens, req_indices, max_draft_tokens, index, B, R, L_max) -> None:
+    """The value checks of :func:`ngram_propose` (see Raises there)."""
+    check_req_indices_values(req_indices, R, what="rows of token_ids")
+    other = None if index is None else index.length
+    if check_batch_lengths(num_tokens, req_indices, B, L_max, other=other) != (0, 0):
+        raise ValueError(
+            "index.length must equal num_tokens for the rows in the batch (call "
+            "ngram_index_extend after every commit, ngram_index_build at admission)"
+        )
+    if max_draft_tokens is not None and max_draft_tokens.numel():
+        if int(max_draft_tokens.min()) < 0:
+            raise ValueError(f"max_draft_tokens must be >= 0, got {int(max_draft_tokens.min())}")

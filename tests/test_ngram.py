@@ -13,12 +13,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec_kernels.cpu import ngram as _cpu_ngram
 from specdec_kernels.ops import (
     new_corpus,
     new_ngram_index,
     ngram_index_build,
     ngram_propose,
 )
+from specdec_kernels.ops.ngram import _check_values
 from tests.ngram_helpers import State, drafts_of, history, replay, schedules
 
 ALL = ["reference", "cpu", "triton", "public"]
@@ -275,6 +277,76 @@ def _call(**overrides):
 def test_bad_input_raises_value_error(overrides, match):
     with pytest.raises(ValueError, match=match):
         _call(**overrides)
+
+
+@pytest.mark.parametrize("path", ["kernel", "dispatcher"])
+def test_bad_values_raise_on_both_check_paths(path):
+    # the CPU call runs the value checks inside the kernel's pass; through the dispatcher
+    # (here: under a torch-function mode) the wrapper's own checks run: the same errors
+    cases = [
+        (dict(req_indices=_i32([0, 2])), r"req_indices must lie in \[-1, 2\)"),
+        (dict(num_tokens=_i32([11, 1])), r"num_tokens must lie in \[0, 10\]"),
+        (dict(num_tokens=_i32([4, -1])), r"num_tokens must lie in \[0, 10\]"),
+        (dict(max_draft_tokens=_i32([2, -1])), "max_draft_tokens must be >= 0"),
+        (dict(with_index=True, num_tokens=_i32([7, 3])), "index.length must equal num_tokens"),
+    ]
+    for overrides, match in cases:
+        with pytest.raises(ValueError, match=match):
+            if path == "kernel":
+                _call(**overrides)
+            else:
+                with _Passthrough():
+                    _call(**overrides)
+
+
+class _Passthrough(torch.overrides.TorchFunctionMode):
+    """A torch-function mode that changes nothing: ops go through the dispatcher under it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_kernels_value_checks_agree_with_the_wrappers():
+    # random batches, half of them with one bad value: the kernel refuses exactly the
+    # inputs the wrapper's checks refuse, and computes the op's result for the others
+    g = torch.Generator().manual_seed(0)
+    rand = lambda lo, hi, *s: torch.randint(lo, hi, s, generator=g, dtype=torch.int32)  # noqa: E731
+    refused = 0
+    for trial in range(300):
+        R, L_max, B = int(rand(1, 5)), int(rand(1, 9)), int(rand(0, 6))
+        tok = rand(0, 3, R, L_max)
+        nt = rand(0, L_max + 1, R)
+        req = rand(-1, R, B) if trial % 3 else None
+        B = R if req is None else B
+        caps = rand(0, 4, B) if trial % 2 else None
+        index = None
+        if trial % 5 == 0:
+            index = new_ngram_index(R, L_max, min_n=1, max_n=2)
+            ngram_index_build(tok, nt, index=index)
+        if trial % 2 and B:  # one bad value
+            what = int(rand(0, 4))
+            if what == 0 and req is not None:
+                req[int(rand(0, B))] = int(rand(R, R + 3)) if trial % 4 == 1 else -2
+            elif what == 1 or (what == 0 and req is None):
+                nt[int(rand(0, R))] = L_max + 1 if trial % 4 == 1 else -1
+            elif what == 2 and caps is not None:
+                caps[int(rand(0, B))] = -1
+            elif index is not None:
+                index.length[int(rand(0, R))] += 1
+        kw = dict(min_n=1, max_n=2, num_speculative_tokens=2, max_model_len=None,
+                  tie_break="first")  # fmt: skip
+        state = None if index is None else [index.table, index.length]
+        got = _cpu_ngram.ngram_propose_checked(tok, nt, req, caps, state, None, **kw)
+        try:
+            _check_values(nt, req, caps, index, B, R, L_max)
+        except ValueError:
+            assert got is None, trial
+            refused += 1
+            continue
+        assert got is not None, trial
+        want = torch.ops.specdec.ngram_propose(tok, nt, req, caps, state, None, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), trial
+    assert 50 < refused < 250, refused
 
 
 def test_value_checks_can_be_turned_off():

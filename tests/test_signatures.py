@@ -90,7 +90,7 @@ def call_mismatches(source: str, where: str) -> tuple[list[str], set[str]]:
         at = f"{where}:{node.lineno} {op}"
         if args:
             problems.append(f"{at}: passes {len(args)} argument(s) by position")
-        names = [kw.arg for kw in node.keywords]
+        names = [kw.arg for kw in node.keywords if kw.arg != "value_checks"]  # call()'s own
         if None in names:
             problems.append(f"{at}: passes **kwargs")
         want = [name for name, _ in schema_params(op)]

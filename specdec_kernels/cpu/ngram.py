@@ -53,13 +53,33 @@ def _scan(row, L, min_n, max_n, tie_last):
 
 
 @jit
+def _values_ok(num_tokens, L_max, rows, has_rows, caps, has_caps, length, has_index, B):
+    """The wrapper's value checks (``ops/ngram.py``) as one pass: ``req_indices`` in
+    ``[-1, R)``, the batch rows' lengths in ``[0, L_max]`` and equal to the index's,
+    ``max_draft_tokens >= 0``."""
+    R = num_tokens.shape[0]
+    for b in range(B):
+        r = np.int64(rows[b]) if has_rows else np.int64(b)
+        if r < -1 or r >= R or (has_caps and caps[b] < 0):
+            return False
+        if r >= 0:
+            L = num_tokens[r]
+            if L < 0 or L > L_max or (has_index and length[r] != L):
+                return False
+    return True
+
+
+@jit
 def _propose(
-    token_ids, num_tokens, rows, has_rows, caps, has_caps, table, has_index, c_tokens, c_meta,
-    c_index, c_state, has_corpus, min_n, max_n, k, max_model_len, tie_last, drafts, counts,
-    match_len, source,
+    token_ids, num_tokens, rows, has_rows, caps, has_caps, table, length, has_index, c_tokens,
+    c_meta, c_index, c_state, has_corpus, min_n, max_n, k, max_model_len, tie_last, check,
+    drafts, counts, match_len, source,
 ):  # fmt: skip
     R, L_max = token_ids.shape
     B = drafts.shape[0]
+    if check and not _values_ok(num_tokens, L_max, rows, has_rows, caps, has_caps, length,
+                                has_index, B):  # fmt: skip
+        return False
     for b in range(B):
         r = rows[b] if has_rows else b
         drafts[b, :] = -1
@@ -109,21 +129,64 @@ def _propose(
             source[b] = DRAFT_SOURCE_OWN
         counts[b] = m
         match_len[b] = n_sel
+    return True
+
+
+@jit
+def _propose_scan(
+    token_ids, num_tokens, rows, has_rows, caps, has_caps, min_n, max_n, k, max_model_len,
+    tie_last, check, drafts, counts, match_len, source,
+):  # fmt: skip
+    """:func:`_propose` without an index or corpus: a third fewer arguments to pass (each
+    costs the call ~0.1 us, and a B = 1 scan call takes a few)."""
+    return _propose(
+        token_ids, num_tokens, rows, has_rows, caps, has_caps, NONE_I32_4D, NONE_I32, False,
+        NONE_I32, NONE_I64_2D, NONE_I64_2D, NONE_I64, False, min_n, max_n, k, max_model_len,
+        tie_last, check, drafts, counts, match_len, source,
+    )  # fmt: skip
 
 
 def ngram_propose(
     token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
     num_speculative_tokens, max_model_len, tie_break,
 ):  # fmt: skip
+    """The op's CPU function (the schema's arguments)."""
+    return _run(
+        token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, min_n, max_n,
+        num_speculative_tokens, max_model_len, tie_break, False,
+    )  # fmt: skip
+
+
+def ngram_propose_checked(
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
+    num_speculative_tokens, max_model_len, tie_break,
+):  # fmt: skip
+    """:func:`ngram_propose` after the wrapper's value checks, run in the kernel (one pass,
+    before it writes anything); None if one fails (``ops/_library.py``'s ``call`` then
+    raises the wrapper's ``ValueError``). A B = 1 call takes a few microseconds: a separate
+    numba call for the checks would add a fifth."""
+    return _run(
+        token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, min_n, max_n,
+        num_speculative_tokens, max_model_len, tie_break, True,
+    )  # fmt: skip
+
+
+def _run(
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, min_n, max_n, k,
+    max_model_len, tie_break, check_values,
+):  # fmt: skip
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
-    k = num_speculative_tokens
     tensors, arrays = outputs(((B, k), np.int32), (B, np.int32), (B, np.int32), (B, np.int8))
-    c = (NONE_I32, NONE_I64_2D, NONE_I64_2D, NONE_I64) if corpus is None else map(np_, corpus)
-    _propose(
+    head = (
         np_(token_ids), np_(num_tokens), opt(req_indices, NONE_I32), req_indices is not None,
         opt(max_draft_tokens, NONE_I32), max_draft_tokens is not None,
-        NONE_I32_4D if index is None else np_(index[0]), index is not None, *c,
-        corpus is not None, min_n, max_n, k, -1 if max_model_len is None else max_model_len,
-        tie_break == "last", *arrays,
     )  # fmt: skip
-    return tuple(tensors)
+    tail = (min_n, max_n, k, -1 if max_model_len is None else max_model_len, tie_break == "last",
+            check_values, *arrays)  # fmt: skip
+    if index is None and corpus is None:
+        ok = _propose_scan(*head, *tail)
+    else:
+        c = (NONE_I32, NONE_I64_2D, NONE_I64_2D, NONE_I64) if corpus is None else map(np_, corpus)
+        table, length = (NONE_I32_4D, NONE_I32) if index is None else map(np_, index)
+        ok = _propose(*head, table, length, index is not None, *c, corpus is not None, *tail)
+    return tuple(tensors) if ok else None
