@@ -36,7 +36,8 @@ class OpInfo(NamedTuple):
     fake: Callable
     cpu_checked: Callable | None = None
     """``cpu`` that first runs the wrapper's value checks inside its kernel and returns None
-    when one fails (see :func:`call`), for ops whose CPU call is a few microseconds."""
+    when one fails, else the op's result (True for an op without outputs; see
+    :func:`call`): for ops whose CPU call is a few microseconds."""
 
 
 OPS: dict[str, OpInfo] = {}
@@ -119,7 +120,7 @@ def call(name: str, *, value_checks: Callable[[], None] | None = None, **kwargs)
         if value_checks is not None and info.cpu_checked is not None:
             result = info.cpu_checked(**kwargs)
             if result is not None:
-                return result
+                return None if result is True else result
         if value_checks is not None:
             value_checks()
         return info.cpu(**kwargs)

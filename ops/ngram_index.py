@@ -7,6 +7,7 @@ request and n, kept up to date with the tokens each step commits. Contract:
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -50,6 +51,7 @@ for _name in ("ngram_index_build", "ngram_index_extend"):
         cpu=getattr(_cpu, _name),
         cuda=f"specdec_kernels.kernels.ngram_index:{_name}",
         fake=_no_output,
+        cpu_checked=getattr(_cpu, f"{_name}_checked"),
     )
 
 
@@ -132,16 +134,24 @@ def _checked(token_ids, num_tokens, req_indices, index, validate, *, extend):
     R, L_max = token_ids.shape
     B = check_req_indices(req_indices, "the batch", None, R, token_ids.device)
     B = R if B is None else B
+    value_checks = None
     if should_check_values([token_ids, num_tokens, req_indices, index.length], validate):
-        check_req_indices_values(req_indices, R, unique=True, what="rows of token_ids")
-        other = index.length if extend else None
-        if check_batch_lengths(num_tokens, req_indices, B, L_max, other=other)[0] < 0:
-            raise ValueError(
-                "num_tokens must be >= index.length for the rows in the batch (histories only "
-                "grow; rebuild a row with ngram_index_build when its tokens change)"
-            )
+        value_checks = functools.partial(
+            _check_values, num_tokens, req_indices, index, B, R, L_max, extend
+        )
     rows = None if req_indices is None else req_indices.contiguous()
-    return token_ids, num_tokens.contiguous(), rows, [index.table, index.length]
+    return token_ids, num_tokens.contiguous(), rows, [index.table, index.length], value_checks
+
+
+def _check_values(num_tokens, req_indices, index, B, R, L_max, extend) -> None:
+    """The value checks of :func:`ngram_index_build` / :func:`ngram_index_extend`."""
+    check_req_indices_values(req_indices, R, unique=True, what="rows of token_ids")
+    other = index.length if extend else None
+    if check_batch_lengths(num_tokens, req_indices, B, L_max, other=other)[0] < 0:
+        raise ValueError(
+            "num_tokens must be >= index.length for the rows in the batch (histories only "
+            "grow; rebuild a row with ngram_index_build when its tokens change)"
+        )
 
 
 def ngram_index_build(
@@ -187,7 +197,7 @@ def ngram_index_build(
     >>> index.length.tolist()
     [5]
     """
-    tok, lens, rows, state = _checked(
+    tok, lens, rows, state, value_checks = _checked(
         token_ids, num_tokens, req_indices, index, validate, extend=False
     )
     lo, hi = index.min_n, index.max_n
@@ -199,6 +209,7 @@ def ngram_index_build(
         index=state,
         min_n=lo,
         max_n=hi,
+        value_checks=value_checks,
     )
 
 
@@ -240,7 +251,7 @@ def ngram_index_extend(
     ...               index=index).draft_token_ids.tolist()
     [[7, 5]]
     """
-    tok, lens, rows, state = _checked(
+    tok, lens, rows, state, value_checks = _checked(
         token_ids, num_tokens, req_indices, index, validate, extend=True
     )
     lo, hi = index.min_n, index.max_n
@@ -252,4 +263,5 @@ def ngram_index_extend(
         index=state,
         min_n=lo,
         max_n=hi,
+        value_checks=value_checks,
     )

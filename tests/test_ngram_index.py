@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+from specdec_kernels.cpu import ngram_index as _cpu_index
+from specdec_kernels.cpu._jit import zeroed_i32
 from specdec_kernels.ops import (
     NgramIndex,
     new_corpus,
@@ -20,6 +22,7 @@ from specdec_kernels.ops import (
     ngram_index_build,
     ngram_index_extend,
 )
+from specdec_kernels.ops.ngram_index import _check_values
 from tests.ngram_helpers import RAW, State, drafts_of, full_scan, history, replay
 
 
@@ -170,13 +173,17 @@ def test_table_narrower_than_the_probe_window(impl):
 # ----------------------------------------------------------------------------- errors
 
 
-def _bad(fn, **kw):
+def _bad(fn, match, **kw):
+    """``fn`` on a built index with ``kw`` changed raises ``match``; the index is unchanged."""
     tok, nt = history([[1, 2, 3, 1, 2, 3, 1], [4, 5, 4, 5]], width=10)
     index = new_ngram_index(2, 10, min_n=1, max_n=3)
     ngram_index_build(tok, nt, index=index)
+    before = index.table.clone(), index.length.clone()
     base = {"token_ids": tok, "num_tokens": nt, "index": index}
     base.update(kw)
-    return fn(**base)
+    with pytest.raises(ValueError, match=match):
+        fn(**base)
+    assert torch.equal(index.table, before[0]) and torch.equal(index.length, before[1])
 
 
 _IX = new_ngram_index(2, 10, min_n=1, max_n=3)
@@ -235,9 +242,59 @@ _IX = new_ngram_index(2, 10, min_n=1, max_n=3)
     ],
 )
 def test_bad_input_raises_value_error_and_leaves_the_index_unchanged(fn, overrides, match):
-    tok, nt = history([[1, 2, 3, 1, 2, 3, 1], [4, 5, 4, 5]], width=10)
-    with pytest.raises(ValueError, match=match):
-        _bad(fn, **overrides)
+    _bad(fn, match, **overrides)
+
+
+@pytest.mark.parametrize("extend", [False, True])
+def test_the_kernels_value_checks_agree_with_the_wrappers(extend):
+    # random batches, half of them with one bad value: the CPU kernel refuses exactly what
+    # the wrapper's checks refuse (leaving the index unchanged) and indexes the others as
+    # the op does; its scratch of seen rows stays zero
+    g = torch.Generator().manual_seed(1)
+    rand = lambda lo, hi, *s: torch.randint(lo, hi, s, generator=g, dtype=torch.int32)  # noqa: E731
+    refused = 0
+    for trial in range(300):
+        R, L_max = int(rand(1, 5)), int(rand(1, 9))
+        tok = rand(0, 3, R, L_max)
+        old = rand(0, L_max + 1, R)
+        nt = torch.minimum(old + rand(0, 3, R), torch.tensor(L_max, dtype=torch.int32))
+        req = torch.randperm(R, generator=g)[: int(rand(0, R + 1))].to(torch.int32)
+        req = torch.cat([req, torch.full((int(rand(0, 2)),), -1, dtype=torch.int32)])
+        req = None if trial % 3 == 0 else req
+        if trial % 2:  # one bad value
+            what = int(rand(0, 3))
+            if what == 0 and req is not None and req.numel():
+                req[int(rand(0, req.numel()))] = [-2, R, int(req.max())][trial % 3]
+            elif what == 1 or not extend:
+                nt[int(rand(0, R))] = -1 if trial % 4 == 1 else L_max + 1
+            else:  # a history that shrank below the index
+                r = int(rand(0, R))
+                nt[r] = old[r] - 1
+        index = new_ngram_index(R, L_max, min_n=1, max_n=2)
+        ngram_index_build(tok, old, index=index)
+        before = index.table.clone(), index.length.clone()
+        B = R if req is None else req.shape[0]
+        state = [index.table, index.length]
+        fn = (
+            _cpu_index.ngram_index_extend_checked
+            if extend
+            else _cpu_index.ngram_index_build_checked
+        )
+        ok = fn(tok, nt, req, state, min_n=1, max_n=2)
+        try:
+            _check_values(nt, req, index, B, R, L_max, extend)
+        except ValueError:
+            assert ok is None, trial
+            assert torch.equal(index.table, before[0]) and torch.equal(index.length, before[1])
+            refused += 1
+            continue
+        assert ok is True, trial
+        want = NgramIndex(before[0].clone(), before[1].clone(), 1, 2)
+        op = torch.ops.specdec.ngram_index_extend if extend else torch.ops.specdec.ngram_index_build
+        op(tok, nt, req, [want.table, want.length], min_n=1, max_n=2)
+        assert torch.equal(index.table, want.table) and torch.equal(index.length, want.length)
+    assert 50 < refused < 250, refused
+    assert not zeroed_i32(8).any()
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from specdec_kernels.constants import NGRAM_HASH_FNV_PRIME as FNV_PRIME
 from specdec_kernels.constants import NGRAM_HASH_MASK as M32
 from specdec_kernels.constants import NGRAM_HASH_MIX1 as MIX1
 from specdec_kernels.constants import NGRAM_HASH_MIX2 as MIX2
-from specdec_kernels.cpu._jit import NONE_I32, jit, np_, opt
+from specdec_kernels.cpu._jit import NONE_I32, jit, np_, opt, zeroed_i32
 
 
 @jit
@@ -122,18 +122,68 @@ def _index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scr
         length[r] = max(L, old)
 
 
-def _run(token_ids, num_tokens, req_indices, index, min_n, scratch):
+@jit
+def _values_ok(num_tokens, L_max, rows, has_rows, length, extend, seen):
+    """The wrappers' value checks (``ops/ngram_index.py``) as one pass: ``req_indices`` in
+    ``[-1, R)`` and unique, the batch rows' lengths in ``[0, L_max]`` and, to extend, not
+    below the index's. ``seen``: R zeros, left zero."""
+    R = num_tokens.shape[0]
+    B = rows.shape[0] if has_rows else R
+    ok = True
+    b_end = B
+    for b in range(B):
+        r = np.int64(rows[b]) if has_rows else np.int64(b)
+        if r == -1:
+            continue
+        L = num_tokens[r] if 0 <= r < R else -1
+        if r < -1 or r >= R or seen[r] or L < 0 or L > L_max or (extend and L < length[r]):
+            ok, b_end = False, b
+            break
+        seen[r] = 1
+    for b in range(b_end):  # leave seen zero again
+        r = np.int64(rows[b]) if has_rows else np.int64(b)
+        if r >= 0:
+            seen[r] = 0
+    return ok
+
+
+@jit
+def _checked_index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scratch,
+                        check, seen):  # fmt: skip
+    """:func:`_index_rows` after :func:`_values_ok` (``check``); False: refused, nothing
+    written."""
+    if check and not _values_ok(num_tokens, token_ids.shape[1], rows, has_rows, length,
+                                not scratch, seen):  # fmt: skip
+        return False
+    _index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scratch)
+    return True
+
+
+def _run(token_ids, num_tokens, req_indices, index, min_n, scratch, check):
     table, length = (np_(t) for t in index)
     rows = opt(req_indices, NONE_I32)
-    _index_rows(
+    seen = zeroed_i32(num_tokens.shape[0]) if check else NONE_I32
+    return _checked_index_rows(
         np_(token_ids), np_(num_tokens), rows, req_indices is not None, table, length, min_n,
-        scratch,
+        scratch, check, seen,
     )  # fmt: skip
 
 
 def ngram_index_build(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
-    _run(token_ids, num_tokens, req_indices, index, min_n, True)
+    _run(token_ids, num_tokens, req_indices, index, min_n, True, False)
 
 
 def ngram_index_extend(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
-    _run(token_ids, num_tokens, req_indices, index, min_n, False)
+    _run(token_ids, num_tokens, req_indices, index, min_n, False, False)
+
+
+def ngram_index_build_checked(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
+    """:func:`ngram_index_build` after the wrapper's value checks, run in the kernel before
+    it writes anything; None if one fails (``ops/_library.py``'s ``call``), else True."""
+    return _run(token_ids, num_tokens, req_indices, index, min_n, True, True) or None
+
+
+def ngram_index_extend_checked(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
+    """:func:`ngram_index_extend` after the wrapper's value checks (as
+    :func:`ngram_index_build_checked`)."""
+    return _run(token_ids, num_tokens, req_indices, index, min_n, False, True) or None
