@@ -26,6 +26,7 @@ FAMILIES = {
     "ngram_index": "bench.cases_ngram_index",
     "draft_plan": "bench.cases_draft_plan",
     "processing": "bench.cases_processing",
+    "logprobs": "bench.cases_logprobs",
 }
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -276,6 +277,14 @@ SECTION_TEXT = {
         "mask, 4 bad words, min_tokens with 2 stop tokens; `neutral`: penalties 1 / 0 / 0. "
         "Checked: the op equals the torch processing to 1e-6 and both verify identically. "
         "GB/s counts each row read and written once in fp32 and the histories."
+    ),
+    "logprobs": (
+        "## top_logprobs\n\n"
+        "k = 4, every request with 4 drafts and 1-5 emitted tokens (random fp32 logits, "
+        "`raw_logprobs`): the emitted token's logprob and rank and the top N. `torch` = "
+        "vLLM's rule for a verify step (every output slot's row, `log_softmax`, `topk`, a "
+        "count for the rank; bench/cases_logprobs.py). Checked: the same ids and ranks, "
+        "values to 1e-5, on the emitted slots. GB/s counts the emitted rows read once."
     ),
     "ngram_index": (
         "## Own-history n-gram index and shared corpus (one step)\n\n"

@@ -214,7 +214,7 @@ def render(rows: Rows, *, gpu: str, copy_bw: float, elapsed: float, argv) -> str
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu")
     p.add_argument("--quick", action="store_true", help="a few small shapes")
-    p.add_argument("--only", default="ngram,rejection,bookkeeping,ngram_index,processing")
+    p.add_argument("--only", default="ngram,rejection,bookkeeping,ngram_index,processing,logprobs")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
@@ -264,6 +264,12 @@ def main(argv=None) -> int:
 
             specs = cases_processing.QUICK_SPECS if args.quick else cases_processing.SPECS
             C.bench_processing(rows, [s for s in specs if s["step"] == "process"])
+            write("stopped after process_logits")
+        if "logprobs" in fams:
+            from bench import cases_logprobs
+
+            specs = cases_logprobs.QUICK_SPECS if args.quick else cases_logprobs.SPECS
+            C.bench_logprobs(rows, specs)
     except KeyboardInterrupt:  # gpu_check.sh's time limit sends SIGINT: keep what we have
         write("interrupted by the time limit")
         print(f"interrupted; partial results in {path}", file=sys.stderr)

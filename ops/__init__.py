@@ -15,6 +15,7 @@ from specdec_kernels.ops.draft_plan import (
     plan_draft_lengths,
     update_acceptance_stats,
 )
+from specdec_kernels.ops.logprobs import TopLogprobs, top_logprobs
 from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
 from specdec_kernels.ops.ngram_index import (
     NgramIndex,
@@ -39,6 +40,7 @@ __all__ = [
     "DraftPlan",
     "NgramProposal",
     "RejectionOutput",
+    "TopLogprobs",
     "VerifyInputs",
     "commit_accepted_tokens",
     "compute_slot_mapping",
@@ -56,5 +58,6 @@ __all__ = [
     "rejection_sample",
     "sampling_offsets",
     "token_bitmask",
+    "top_logprobs",
     "update_acceptance_stats",
 ]

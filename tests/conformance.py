@@ -209,6 +209,39 @@ def _rejection_public(a: dict) -> tuple:
     return tuple(out) if a["return_logprobs"] else tuple(out[:2])
 
 
+# ----------------------------------------------------------------------------- logprobs
+
+
+def _logprobs_args(mode: str) -> dict:
+    g = torch.Generator().manual_seed(7)
+    B, k, V = 4, 3, 13
+    cu = i32([0, 3, 3, 4, 6])
+    logits = torch.randn(6 + B + 1, V, generator=g).mul(2).round()  # ties; one row past
+    logits[2, :] = float("-inf")  # a row without a finite maximum
+    logits[4, 5] = float("nan")
+    out = torch.randint(0, V, (B, k + 1), generator=g, dtype=I32)
+    emitted = i32([4, 1, 2, 0])
+    out[torch.arange(k + 1)[None, :] >= emitted[:, None]] = -1
+    return dict(
+        target_logits=logits.to(torch.bfloat16) if mode == "raw_logits" else logits,
+        output_token_ids=out, num_emitted=emitted, cu_num_draft_tokens=cu, num_logprobs=5,
+        logprobs_mode=mode,
+    )  # fmt: skip
+
+
+def _logprobs_public(a: dict) -> tuple:
+    return tuple(
+        ops.top_logprobs(
+            a["target_logits"],
+            a["output_token_ids"],
+            a["num_emitted"],
+            a["cu_num_draft_tokens"],
+            num_logprobs=a["num_logprobs"],
+            logprobs_mode=a["logprobs_mode"],
+        )  # fmt: skip
+    )
+
+
 # ----------------------------------------------------------------------------- processing
 
 
@@ -438,6 +471,10 @@ CASES: list[OpCase] = [
     *(
         OpCase("rejection_sample", m, lambda m=m: _rejection_args(m), _rejection_public)
         for m in ("greedy", "sampled", "filters", "probs")
+    ),
+    *(
+        OpCase("top_logprobs", m, lambda m=m: _logprobs_args(m), _logprobs_public)
+        for m in ("raw_logprobs", "raw_logits")
     ),
     *(
         OpCase("process_logits", m, lambda m=m: _processing_args(m), _processing_public)

@@ -1,0 +1,153 @@
+"""The CPU top-N logprobs of a verify step: ``top_logprobs`` as one numba kernel
+(``cpu/_jit.py``).
+
+Per emitted slot, its target row in ``BLOCK`` pieces (``cpu/sampling.py``): the maximum,
+then per piece the emitted token's rank count (a vectorised compare) and the merge into a
+small sorted list of the ``N`` largest logits, skipped where the piece's largest order key
+is not above the list's last (the common case once the list holds the row's top: an integer
+max, vectorised); an insertion happens only where a logit beats the list's last, so ties
+stay with the lower id, which came first; then, for ``raw_logprobs``, the log-normaliser's
+pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specdec_kernels.cpu._jit import float_rows, jit, np_, outputs, scratch
+from specdec_kernels.cpu.sampling import (
+    BF16_NEG_INF_KEY,
+    BF16_POS_INF_KEY,
+    BLOCK,
+    NEG_INF_KEY,
+    POS_INF_KEY,
+    _key_float,
+    _key_max,
+    block,
+    raw_log_normaliser,
+    row_max,
+)
+
+
+@jit
+def _value_of(x, m, log_s, n_max, logits_mode):
+    """The mode's value of a logit ``x`` (NaN read as -inf) in a row of maximum ``m``: the
+    logit, or its log-softmax ``(x - m) - log S``; a row whose maximum is not finite: ``-log
+    n`` at its ``n`` maximal ids, -inf elsewhere (``docs/design.md``, ``rejection_sample``)."""
+    if logits_mode:
+        return x
+    if np.isfinite(m):
+        return np.float32((x - m) - log_s)
+    return np.float32(-np.log(np.float32(n_max))) if x == m else np.float32(-np.inf)
+
+
+@jit
+def _count_ge(src, x):
+    """How many entries of ``src`` are ``>= x`` (NaN: none; one vectorised pass)."""
+    c = 0
+    for i in range(src.shape[0]):
+        c += src[i] >= x
+    return c
+
+
+@jit
+def _block_below(l32, l16, bf16, g, j0, n, t):
+    """Whether every entry of the block is ``<= t`` (NaN read as -inf), from its order keys
+    (a vectorised integer max; a positive NaN's key is above ``+inf``'s: then no)."""
+    if bf16:
+        key = _key_max(l16[g].view(np.int16)[j0 : j0 + n], BF16_NEG_INF_KEY)
+        return key <= BF16_POS_INF_KEY and _key_float(key, True) <= t
+    key = _key_max(l32[g].view(np.int32)[j0 : j0 + n], NEG_INF_KEY)
+    return key <= POS_INF_KEY and _key_float(key, False) <= t
+
+
+@jit
+def _insert_top(src, j0, ids, vals, filled):
+    """Merge the block ``src`` (ids from ``j0``) into the sorted ``N`` largest."""
+    N = ids.shape[0]
+    for i in range(src.shape[0]):
+        x = src[i] if src[i] == src[i] else -np.inf
+        if filled == N and x <= vals[N - 1]:
+            continue
+        p = filled if filled < N else N - 1  # after every larger or equal entry
+        while p > 0 and vals[p - 1] < x:
+            vals[p], ids[p] = vals[p - 1], ids[p - 1]
+            p -= 1
+        vals[p], ids[p] = x, j0 + i
+        filled = min(filled + 1, N)
+    return filled
+
+
+@jit
+def _top(
+    l32, l16, bf16, out_tok, num_emitted, cu, logits_mode, tok_lp, tok_rank, top_ids, top_vals,
+    buf, w,
+):  # fmt: skip
+    B, K1 = out_tok.shape
+    N = top_ids.shape[2]
+    V = max(l32.shape[1], l16.shape[1])
+    rows = max(l32.shape[0], l16.shape[0])
+    for b in range(B):
+        tok_lp[b, :] = 0.0
+        tok_rank[b, :] = 0
+        top_ids[b, :, :] = -1
+        top_vals[b, :, :] = 0.0
+        for j in range(min(max(num_emitted[b], 0), K1)):
+            g = cu[b] + b + j
+            tok = out_tok[b, j]
+            if g < 0 or g >= rows or tok < 0 or tok >= V:
+                break
+            m = row_max(l32, l16, bf16, g, V, buf)
+            x_tok = block(l32, l16, bf16, g, tok, 1, buf)[0]
+            x_tok = x_tok if x_tok == x_tok else -np.inf
+            ids, vals = top_ids[b, j], top_vals[b, j]  # vals: the logits until the end
+            # the rank (an emitted -inf: every id), the maxima of a row whose maximum is
+            # not finite (-inf: every id), and the top N, skipping the blocks below it
+            rank = V if x_tok == -np.inf else 0
+            n_max = 0 if m == np.inf else V
+            filled = 0
+            for j0 in range(0, V, BLOCK):
+                n = min(BLOCK, V - j0)
+                skip = N == 0 or (
+                    filled == N and _block_below(l32, l16, bf16, g, j0, n, vals[N - 1])
+                )
+                if skip and x_tok == -np.inf and m != np.inf:
+                    continue
+                src = block(l32, l16, bf16, g, j0, n, buf)
+                if x_tok > -np.inf:
+                    rank += _count_ge(src, x_tok)
+                if m == np.inf:
+                    n_max += _count_ge(src, m)
+                if not skip:
+                    filled = _insert_top(src, j0, ids, vals, filled)
+            log_s = np.float32(0.0)
+            if not logits_mode and np.isfinite(m):
+                log_s = np.float32(np.log(raw_log_normaliser(l32, l16, bf16, g, V, m, w)))
+            for t in range(N):
+                vals[t] = _value_of(vals[t], m, log_s, n_max, logits_mode)
+            tok_lp[b, j] = _value_of(x_tok, m, log_s, n_max, logits_mode)
+            tok_rank[b, j] = rank
+
+
+def top_logprobs(
+    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, *, num_logprobs,
+    logprobs_mode,
+):  # fmt: skip
+    """The CPU implementation of ``specdec::top_logprobs`` (registered directly)."""
+    B, K1 = output_token_ids.shape
+    N = num_logprobs
+    (tok_lp, tok_rank, top_ids, top_vals), arrays = outputs(
+        ((B, K1), np.float32), ((B, K1), np.int32), ((B, K1, N), np.int32),
+        ((B, K1, N), np.float32),
+    )  # fmt: skip
+    if B == 0:
+        return tok_lp, tok_rank, top_ids, top_vals
+    l32, l16 = float_rows(target_logits, target_logits.shape[0])
+    work = scratch(2 * BLOCK)
+    _top(
+        l32, l16, target_logits.dtype == torch.bfloat16, np_(output_token_ids),
+        np_(num_emitted), np_(cu_num_draft_tokens), logprobs_mode == "raw_logits", *arrays,
+        work[:BLOCK], work[BLOCK:],
+    )  # fmt: skip
+    return tok_lp, tok_rank, top_ids, top_vals

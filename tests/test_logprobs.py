@@ -1,0 +1,181 @@
+"""top_logprobs: named cases, reference == CPU path == CUDA path (its torch code on CPU
+tensors) on random slots with ties, NaN and rows without a finite maximum, agreement with
+rejection_sample's logprobs and with vLLM's rule (log_softmax, then topk), errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_kernels.cpu.logprobs import top_logprobs as cpu_top
+from specdec_kernels.kernels.logprobs import top_logprobs as cuda_top
+from specdec_kernels.ops import rejection_sample, top_logprobs
+from specdec_kernels.reference.logprobs import top_logprobs as reference_top
+
+I32 = torch.int32
+INF = float("inf")
+IMPLS = {"reference": reference_top, "cpu": cpu_top, "cuda": cuda_top}
+
+
+def _i32(x):
+    return torch.tensor(x, dtype=I32)
+
+
+def _one_slot(row, tok, N, mode="raw_logprobs"):
+    logits = torch.tensor([row], dtype=torch.float32)
+    return top_logprobs(logits, _i32([[tok]]), _i32([1]), _i32([0, 0]), num_logprobs=N,
+                        logprobs_mode=mode)  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_named_rows(impl):
+    fn = IMPLS[impl]
+    cases = [  # (row, token, N, mode) -> (ids, values, token value, rank)
+        ([1.0, 3.0, 3.0, -1.0], 2, 3, "raw_logits", [1, 2, 0], [3.0, 3.0, 1.0], 3.0, 2),
+        ([-0.0, 0.0, -5.0], 1, 2, "raw_logits", [0, 1], [0.0, 0.0], 0.0, 2),  # -0.0 == 0.0
+        ([float("nan"), 2.0, -INF], 0, 3, "raw_logits", [1, 0, 2], [2.0, -INF, -INF], -INF, 3),
+        ([-INF], 0, 1, "raw_logprobs", [0], [0.0], 0.0, 1),  # V = 1, -inf: log 1
+        (
+            [-INF, -INF, -INF],
+            1,
+            2,
+            "raw_logprobs",
+            [0, 1],
+            [-1.0986123, -1.0986123],
+            -1.0986123,
+            3,
+        ),  # fmt: skip
+        (
+            [INF, 0.0, INF],
+            1,
+            3,
+            "raw_logprobs",
+            [0, 2, 1],
+            [-0.6931472, -0.6931472, -INF],
+            -INF,
+            3,
+        ),  # fmt: skip
+        ([0.0, 1.0], 1, 0, "raw_logprobs", [], [], -0.3132617, 1),
+    ]
+    for row, tok, N, mode, ids, values, tok_value, rank in cases:
+        a = (torch.tensor([row]), _i32([[tok]]), _i32([1]), _i32([0, 0]))
+        got = fn(*a, num_logprobs=N, logprobs_mode=mode)
+        assert got[2][0, 0].tolist() == ids, (row, impl)
+        torch.testing.assert_close(got[3][0, 0], torch.tensor(values), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[0][0, 0], torch.tensor(tok_value), rtol=1e-5, atol=1e-6)
+        assert int(got[1][0, 0]) == rank, (row, impl)
+
+
+def _random_case(g, dtype):
+    B, k = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(0, 4, (1,), generator=g))
+    V = int(torch.randint(1, 40, (1,), generator=g))
+    counts = torch.randint(0, k + 1, (B,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(I32)
+    rows = int(cu[-1]) + B + int(torch.randint(0, 3, (1,), generator=g))
+    logits = torch.randn(rows, V, generator=g) * 3
+    if torch.rand(1, generator=g) < 0.5:
+        logits = logits.round()  # ties
+    special = torch.rand(rows, V, generator=g)
+    logits[special < 0.05] = float("nan")
+    logits[(special > 0.05) & (special < 0.1)] = -INF
+    logits[special > 0.99] = INF
+    logits[torch.rand(rows, generator=g) < 0.1] = -INF  # whole rows without a finite maximum
+    emitted = torch.minimum(torch.randint(0, k + 2, (B,), generator=g), counts + 1).to(I32)
+    out = torch.randint(0, V, (B, k + 1), generator=g, dtype=I32)
+    out[torch.arange(k + 1)[None, :] >= emitted[:, None]] = -1
+    N = int(torch.randint(0, V + 1, (1,), generator=g))
+    return logits.to(dtype), out, emitted, cu, N
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits"])
+def test_every_path_equals_the_reference_on_random_slots(dtype, mode, kernel_device):
+    # the CUDA path on the device where there is one (bench/gpu_check.sh), else on CPU tensors
+    g = torch.Generator().manual_seed(len(str(dtype)) * 7 + len(mode))
+    for trial in range(60):
+        logits, out, emitted, cu, N = _random_case(g, dtype)
+        want = reference_top(logits, out, emitted, cu, num_logprobs=N, logprobs_mode=mode)
+        for impl in ("cpu", "cuda"):
+            a = (logits, out, emitted, cu)
+            if impl == "cuda":
+                a = tuple(t.to(kernel_device) for t in a)
+            got = IMPLS[impl](*a, num_logprobs=N, logprobs_mode=mode)
+            got = tuple(t.cpu() for t in got)
+            what = (impl, trial)
+            assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), what
+            torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6, msg=str(what))
+            torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=str(what))
+
+
+def test_token_logprobs_are_rejection_samples_and_the_top_n_is_vllms_rule():
+    # finite logits without ties: vLLM's gather_logprobs rule, log_softmax then topk
+    g = torch.Generator().manual_seed(3)
+    B, k, V = 6, 3, 50
+    cu = _i32([0, 3, 4, 4, 7, 9, 12])
+    logits = torch.randn(12 + B, V, generator=g) * 4
+    owner = torch.repeat_interleave(torch.arange(B), (cu[1:] - cu[:-1]).long())
+    drafts = logits[torch.arange(12) + owner].argmax(-1).to(I32)
+    drafts[::3] = (drafts[::3] + 1) % V
+    temperature = torch.tensor([0.0, 0.8, 1.0, 0.0, 1.3, 0.7])
+    rs = rejection_sample(logits, drafts, cu, num_speculative_tokens=k, temperature=temperature,
+                          seeds=torch.arange(B), offsets=torch.zeros(B, dtype=torch.int64),
+                          return_logprobs=True)  # fmt: skip
+    got = top_logprobs(logits, rs.output_token_ids, rs.num_emitted, cu, num_logprobs=4)
+    torch.testing.assert_close(got.token_logprobs, rs.logprobs, rtol=1e-5, atol=1e-6)
+    for b in range(B):
+        for j in range(int(rs.num_emitted[b])):
+            lsm = torch.log_softmax(logits[int(cu[b]) + b + j], -1)
+            top = lsm.topk(4)
+            assert got.top_token_ids[b, j].tolist() == top.indices.tolist()
+            torch.testing.assert_close(got.top_logprobs[b, j], top.values, rtol=1e-5, atol=1e-6)
+            tok = int(rs.output_token_ids[b, j])
+            assert int(got.token_ranks[b, j]) == int((lsm >= lsm[tok]).sum())
+        past = slice(int(rs.num_emitted[b]), None)
+        assert (got.top_token_ids[b, past] == -1).all() and (got.token_ranks[b, past] == 0).all()
+        assert (got.top_logprobs[b, past] == 0).all() and (got.token_logprobs[b, past] == 0).all()
+
+
+def test_n_zero_and_an_empty_batch_have_static_shapes():
+    got = _one_slot([0.0, 1.0], 1, 0)
+    assert got.top_token_ids.shape == (1, 1, 0) and got.top_logprobs.shape == (1, 1, 0)
+    empty = top_logprobs(torch.zeros(0, 5), torch.zeros(0, 3, dtype=I32),
+                         torch.zeros(0, dtype=I32), _i32([0]), num_logprobs=2)  # fmt: skip
+    assert empty.top_token_ids.shape == (0, 3, 2) and empty.token_logprobs.shape == (0, 3)
+
+
+def _bad(**kw):
+    a = dict(
+        target_logits=torch.zeros(5, 4), output_token_ids=_i32([[1, 2], [3, -1]]),
+        num_emitted=_i32([2, 1]), cu_num_draft_tokens=_i32([0, 1, 2]), num_logprobs=2,
+    )  # fmt: skip
+    a.update(kw)
+    return top_logprobs(**a)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(num_logprobs=5), r"num_logprobs must be <= 4"),
+        (dict(num_logprobs=-1), r"num_logprobs must be >= 0"),
+        (dict(logprobs_mode="processed_logprobs"), "logprobs_mode must be one of"),
+        (dict(target_logits=torch.zeros(5, 4, dtype=torch.int32)), "target_logits must have dtype"),
+        (dict(output_token_ids=_i32([1, 2])), "output_token_ids must be 2-D"),
+        (dict(num_emitted=_i32([2])), r"num_emitted must have shape \(2,\)"),
+        (dict(cu_num_draft_tokens=_i32([0, 1])), r"cu_num_draft_tokens must have shape \(3,\)"),
+        (dict(output_token_ids=torch.zeros(2, 0, dtype=I32)), "k \\+ 1 >= 1 columns"),
+        (dict(num_emitted=_i32([3, 1])), r"num_emitted must lie in \[0, k_b \+ 1\]"),
+        (dict(output_token_ids=_i32([[1, 4], [3, -1]])), "output_token_ids must lie in"),
+        (dict(target_logits=torch.zeros(3, 4)), "target_logits must have at least cu"),
+        (dict(cu_num_draft_tokens=_i32([0, 2, 2])), "cu_num_draft_tokens"),
+    ],
+)
+def test_bad_input_raises_value_error(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _bad(**kw)
+
+
+def test_value_checks_can_be_turned_off():
+    # unchecked bad values never read outside the rows: such a slot is left empty
+    got = _bad(num_emitted=_i32([3, 1]), output_token_ids=_i32([[1, 4], [3, -1]]), validate=False)
+    assert got.top_token_ids[0, 1].tolist() == [-1, -1]  # token 4 of V = 4: not read
+    assert got.top_token_ids[1, 0].tolist() == [0, 1]  # a live slot (all-zero row: ties)
