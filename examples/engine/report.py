@@ -136,6 +136,24 @@ def identical_line(
     return line
 
 
+def logprobs_line(what: str, base, other) -> str:
+    """``- <what>: ...``: how far the per-token logprobs of two runs' completions agree (the
+    tokens they share: up to each pair's first divergence)."""
+    same = total = 0
+    worst = 0.0
+    for a, b in zip(base, other, strict=True):
+        for ta, tb, la, lb in zip(a.token_ids, b.token_ids, a.logprobs, b.logprobs, strict=False):
+            if ta != tb:
+                break
+            total += 1
+            same += la[1] == lb[1] and list(la[2]) == list(lb[2])
+            worst = max([worst, abs(la[0] - lb[0])] + [abs(la[2][t] - lb[2][t]) for t in la[2]])
+    return (
+        f"- {what}: ranks and top-N ids identical for {same}/{total} tokens, logprobs within "
+        f"{worst:.2g}"
+    )
+
+
 def speedup_summary(plain: Row, spec: Row, what: str) -> str:
     return (
         f"{what}: {spec.tokens_per_s / plain.tokens_per_s:.2f}x tokens/s end to end, "

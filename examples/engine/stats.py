@@ -26,6 +26,9 @@ class Completion:
     token_ids: list[int]
     finish_reason: str
     steps: int
+    logprobs: list[tuple] | None = None
+    """With ``SamplingParams.logprobs = N``: per output token ``(logprob, rank, {id:
+    logprob} of the top N)``, raw logprobs (before any processing, vLLM's default mode)."""
 
 
 @dataclass

@@ -73,6 +73,7 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
     )  # fmt: skip
 
     drafts = vi.flat_draft_token_ids[: n_query - B]
+    raw_logits = logits  # what the logprobs report (vLLM's default, raw_logprobs)
     if eng.processing is not None:
         # Penalties, logit bias, allowed tokens, bad words, min_tokens: each row as plain
         # decoding processes its position (the drafts before it count as output).
@@ -95,12 +96,18 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
 
     # Commit the emitted tokens to the persistent state; stop tokens and budgets end
     # requests (the stop token is committed).
+    start = eng.num_tokens[r].clone() if eng.logprobs is not None else None
     cm = commit_accepted_tokens(
         eng.token_ids, eng.num_tokens, rs.output_token_ids, rs.num_emitted, req_indices,
         stop_token_ids=eng.stop_token_ids[r], num_prompt_tokens=eng.num_prompt_tokens,
         max_tokens=eng.max_tokens[r], max_model_len=eng.max_model_len,
         min_tokens=None if eng.processing is None else eng.processing.min_tokens_of(r),
     )  # fmt: skip
+
+    if eng.logprobs is not None:
+        # The committed tokens' logprobs and top N (top_logprobs), kept on the device.
+        eng.logprobs.record(raw_logits, vi.cu_num_draft_tokens, rs, cm.num_committed,
+                            req_indices, start)  # fmt: skip
 
     if eng.index is not None:
         # The committed tokens' n-grams join the own-history index ...
