@@ -86,6 +86,9 @@ def plot_results(results: list[Result], path: Path, *, title: str = "") -> None:
             s = _series(results, "process_logits", "B", ["V"], where)
             if s:
                 panels.append((s, ["V"], "batch size B", f"process_logits, step={step}, k=4"))
+    if "top_logprobs" in ops:
+        s = _series(results, "top_logprobs", "B", ["V", "N"])
+        panels.append((s, ["V", "N"], "batch size B", "top_logprobs, k=4, raw_logprobs"))
     book = [
         o
         for o in ("compute_slot_mapping", "prepare_verify_inputs", "commit_accepted_tokens")
