@@ -67,7 +67,7 @@ def _float64_top(logits, out, cu, N):
 
 
 def bytes_moved(B: int, V: int, N: int) -> int:
-    """The emitted rows read (about 3 of 5 per request here: one pass each), the outputs."""
+    """The emitted rows read once (about 3 of 5 per request here), the outputs."""
     return 4 * V * B * 3 + (4 + 4 + 8 * N) * B * (K + 1)
 
 

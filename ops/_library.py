@@ -114,13 +114,19 @@ def call(name: str, *, value_checks: Callable[[], None] | None = None, **kwargs)
     ``value_checks``: the wrapper's value checks (raising ``ValueError``), run before the
     op; None: none to run. For an op with a ``cpu_checked`` function, the plain CPU call
     runs them inside the kernel instead and calls ``value_checks`` only when the kernel
-    refuses the values, to raise the wrapper's error."""
+    refuses the values, to raise the wrapper's error (``RuntimeError`` if it does not: the
+    copies disagree)."""
     if calls_cpu_directly(kwargs):
         info = OPS[name]
         if value_checks is not None and info.cpu_checked is not None:
             result = info.cpu_checked(**kwargs)
             if result is not None:
                 return None if result is True else result
+            value_checks()  # raises the wrapper's ValueError
+            raise RuntimeError(
+                f"specdec::{name}: its CPU kernel refused values that the wrapper's checks "
+                "accept; the two copies of the checks disagree (a bug: please report it)"
+            )
         if value_checks is not None:
             value_checks()
         return info.cpu(**kwargs)

@@ -5,6 +5,7 @@ Contract: ``docs/design.md``, "``top_logprobs``".
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -64,6 +65,7 @@ define(
     cpu=_cpu.top_logprobs,
     cuda="specdec_kernels.kernels.logprobs:top_logprobs",
     fake=_fake,
+    cpu_checked=_cpu.top_logprobs_checked,
 )
 
 
@@ -114,8 +116,8 @@ def top_logprobs(
     Raises
     ------
     ValueError
-        Wrong dtype, device, ndim or shape of any tensor; ``num_logprobs`` outside ``[0,
-        V]``; another ``logprobs_mode``. With value checks: ``cu`` not a prefix sum of
+        Wrong dtype, device, ndim or shape of any tensor; ``V < 1``; ``num_logprobs``
+        outside ``[0, V]``; another ``logprobs_mode``. With value checks: ``cu`` not a prefix sum of
         counts in ``[0, k]`` starting at 0, ``target_logits`` with fewer than ``cu[B] + B``
         rows, ``num_emitted`` outside ``[0, k_b + 1]``, an emitted token outside ``[0, V)``.
 
@@ -143,28 +145,17 @@ def top_logprobs(
     check_shape("num_emitted", emitted, (B,), "one count per request")
     if K1 < 1:
         raise ValueError("output_token_ids must have k + 1 >= 1 columns, got 0")
+    if V < 1:
+        raise ValueError(f"target_logits must have a vocabulary of at least 1, got V = {V}")
     N = check_int("num_logprobs", num_logprobs, min_value=0, max_value=V)
     if logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(
             f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r} (vLLM's "
             "processed modes depend on the sampling parameters: not an option here)"
         )
+    value_checks = None
     if should_check_values([target_logits, out, emitted, cu], validate):
-        n_drafts = check_prefix_sum("cu_num_draft_tokens", cu, K1 - 1, "draft counts in [0, k]")
-        if rows < n_drafts + B:
-            raise ValueError(
-                f"target_logits must have at least cu[B] + B = {n_drafts + B} rows, got {rows}"
-            )
-        if B:
-            most = torch.clamp(cu[1:] - cu[:-1] + 1, max=K1)
-            if bool(((emitted < 0) | (emitted > most)).any()):
-                raise ValueError("num_emitted must lie in [0, k_b + 1] for every request")
-            live = torch.arange(K1, device=device)[None, :] < emitted[:, None]
-            picked = out[live]
-            check_rows_range(
-                "output_token_ids", picked, None, picked.shape[0], 0, V - 1,
-                "the emitted slots: token ids of the vocabulary",
-            )  # fmt: skip
+        value_checks = functools.partial(_check_values, rows, V, out, emitted, cu)
     tok_lp, tok_rank, top_ids, top_vals = call(
         "top_logprobs",
         target_logits=target_logits,
@@ -173,5 +164,27 @@ def top_logprobs(
         cu_num_draft_tokens=cu.contiguous(),
         num_logprobs=N,
         logprobs_mode=logprobs_mode,
+        value_checks=value_checks,
     )
     return TopLogprobs(tok_lp, tok_rank, top_ids, top_vals)
+
+
+def _check_values(rows, V, out, emitted, cu) -> None:
+    """The value checks of :func:`top_logprobs` (see Raises there)."""
+    B, K1 = out.shape
+    hint = "the cu_num_draft_tokens rejection_sample took"
+    n_drafts = check_prefix_sum("cu_num_draft_tokens", cu, K1 - 1, "draft counts in [0, k]", hint)
+    if rows < n_drafts + B:
+        raise ValueError(
+            f"target_logits must have at least cu[B] + B = {n_drafts + B} rows, got {rows}"
+        )
+    if B:
+        most = torch.clamp(cu[1:] - cu[:-1] + 1, max=K1)
+        if bool(((emitted < 0) | (emitted > most)).any()):
+            raise ValueError("num_emitted must lie in [0, k_b + 1] for every request")
+        live = torch.arange(K1, device=out.device)[None, :] < emitted[:, None]
+        picked = out[live]
+        check_rows_range(
+            "output_token_ids", picked, None, picked.shape[0], 0, V - 1,
+            "the emitted slots: token ids of the vocabulary",
+        )  # fmt: skip

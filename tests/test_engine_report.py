@@ -8,6 +8,7 @@ from examples.engine.report import (
     Row,
     first_divergence,
     format_table,
+    logprobs_line,
     per_prompt_table,
     results_markdown,
     summary_lines,
@@ -111,3 +112,16 @@ def test_summaries_and_results_file():
     assert text.startswith("# T\n\nCommand: `python -m examples.engine`\n\nM\n")
     assert "(g) engine, n-gram speculation, sampled" in text and summaries[1] + "." in text
     assert "fastest of 2 interleaved repeats" in text
+
+
+def test_logprobs_line_counts_agreeing_tokens_and_survives_swapped_top_ids():
+    from examples.engine.stats import Completion
+
+    a = Completion(0, 3, [5, 6, 7], "length", 3, [(-0.1, 1, {5: -0.1, 2: -2.0}),
+                   (-0.2, 1, {6: -0.2, 1: -3.0}), (-0.3, 1, {7: -0.3, 4: -4.0})])  # fmt: skip
+    b = Completion(0, 3, [5, 6, 8], "length", 1, [(-0.1, 1, {5: -0.1, 2: -2.0}),
+                   (-0.25, 1, {6: -0.25, 9: -3.0}), (-0.5, 2, {8: -0.5, 7: -0.4})])  # fmt: skip
+    line = logprobs_line("logprobs, (b) vs (a)", [a], [b])
+    # two shared tokens (the third differs); the second's top ids differ (1 vs 9)
+    want = "ranks and top-N ids identical for 1/2 tokens, logprobs within 0.05"
+    assert line == f"- logprobs, (b) vs (a): {want}"

@@ -4,10 +4,13 @@ rejection_sample's logprobs and with vLLM's rule (log_softmax, then topk), error
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from specdec_kernels.cpu.logprobs import top_logprobs as cpu_top
+from specdec_kernels.cpu.logprobs import top_logprobs_checked as cpu_top_checked
 from specdec_kernels.kernels.logprobs import top_logprobs as cuda_top
 from specdec_kernels.ops import rejection_sample, top_logprobs
 from specdec_kernels.reference.logprobs import top_logprobs as reference_top
@@ -107,6 +110,87 @@ def test_every_path_equals_the_reference_on_random_slots(dtype, mode, kernel_dev
             torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=str(what))
 
 
+@pytest.mark.parametrize("N", [3, 20, 100])
+def test_every_path_equals_the_reference_on_rows_of_several_blocks(N, kernel_device):
+    # V past 2 x 1024: the CPU path skips the blocks below its top N (or, N > 64, sorts)
+    g = torch.Generator().manual_seed(N)
+    for trial, dtype in enumerate((torch.float32, torch.bfloat16, torch.float16) * 2):
+        V = int(torch.randint(2100, 5000, (1,), generator=g))
+        logits = (torch.randn(3, V, generator=g) * 4).round(decimals=trial % 2)  # ties
+        logits[1, torch.randint(0, V, (40,), generator=g)] = logits[1].max()  # tied maxima
+        logits[2, ::7] = float("nan")
+        logits = logits.to(dtype)
+        out, emitted, cu = _i32([[int(logits[0].argmax()), 5, 7]]), _i32([3]), _i32([0, 2])
+        for mode in ("raw_logprobs", "raw_logits"):
+            want = reference_top(logits, out, emitted, cu, num_logprobs=N, logprobs_mode=mode)
+            for impl in ("cpu", "cuda"):
+                a = (logits, out, emitted, cu)
+                if impl == "cuda":
+                    a = tuple(t.to(kernel_device) for t in a)
+                got = tuple(t.cpu() for t in IMPLS[impl](*a, num_logprobs=N, logprobs_mode=mode))
+                what = f"{impl} {trial} {mode}"
+                assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), what
+                torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=what)
+
+
+@pytest.mark.parametrize("impl", ["cpu", "cuda"])
+def test_values_are_float64_accurate_at_a_large_vocabulary(impl):
+    # an fp32 log_softmax drifts by up to ~5e-5 over 152k logits (here: rows whose maximum
+    # holds 80% of the mass, logprob -0.22); the contract says 1e-5 / 1e-6
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 152000, generator=g) * 3
+    logits[:, 0] = (torch.logsumexp(logits.double(), -1) + math.log(4)).float()
+    out, emitted, cu = _i32([[1, 2, 3, 4]]), _i32([4]), _i32([0, 3])
+    got = IMPLS[impl](logits, out, emitted, cu, num_logprobs=8, logprobs_mode="raw_logprobs")
+    exact = torch.log_softmax(logits.double(), -1)
+    want = exact.gather(1, got[2][0].long()).float()
+    torch.testing.assert_close(got[3][0], want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[0][0], exact[torch.arange(4), out[0].long()].float(),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def test_the_kernels_value_checks_agree_with_the_wrappers():
+    # random batches, some with one bad value: the CPU kernel refuses exactly what the
+    # wrapper's checks refuse, and computes the op's result for the others
+    from specdec_kernels.ops.logprobs import _check_values
+
+    g = torch.Generator().manual_seed(2)
+    refused = 0
+    for trial in range(300):
+        logits, out, emitted, cu, N = _random_case(g, torch.float32)
+        B, K1 = out.shape
+        what = trial % 6
+        if what == 1:
+            emitted[int(torch.randint(0, B, (1,), generator=g))] += 1 + trial % 3
+        elif what == 2 and int(emitted.sum()):
+            b = int(emitted.argmax())
+            out[b, 0] = -1 if trial % 2 else logits.shape[1]
+        elif what == 3:
+            cu[int(torch.randint(0, B + 1, (1,), generator=g))] += 1 if trial % 2 else -1
+        elif what == 4:
+            logits = logits[: max(int(cu[-1]) + B - 1, 0)]
+        got = cpu_top_checked(logits, out, emitted, cu, num_logprobs=N, logprobs_mode="raw_logits")
+        try:
+            _check_values(logits.shape[0], logits.shape[1], out, emitted, cu)
+        except ValueError:
+            assert got is None, trial
+            refused += 1
+            continue
+        assert got is not None, trial
+        want = cpu_top(logits, out, emitted, cu, num_logprobs=N, logprobs_mode="raw_logits")
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), trial
+    assert 50 < refused < 250, refused
+
+
+def test_checks_that_disagree_are_a_runtime_error(monkeypatch):
+    from specdec_kernels.ops import _library
+
+    info = _library.OPS["top_logprobs"]
+    monkeypatch.setitem(_library.OPS, "top_logprobs", info._replace(cpu_checked=lambda **kw: None))
+    with pytest.raises(RuntimeError, match="the two copies of the checks disagree"):
+        _one_slot([0.0, 1.0], 1, 1)
+
+
 def test_token_logprobs_are_rejection_samples_and_the_top_n_is_vllms_rule():
     # finite logits without ties: vLLM's gather_logprobs rule, log_softmax then topk
     g = torch.Generator().manual_seed(3)
@@ -167,6 +251,8 @@ def _bad(**kw):
         (dict(output_token_ids=_i32([[1, 4], [3, -1]])), "output_token_ids must lie in"),
         (dict(target_logits=torch.zeros(3, 4)), "target_logits must have at least cu"),
         (dict(cu_num_draft_tokens=_i32([0, 2, 2])), "cu_num_draft_tokens"),
+        (dict(cu_num_draft_tokens=_i32([1, 1, 2])), "rejection_sample took"),  # the hint
+        (dict(target_logits=torch.zeros(5, 0), num_logprobs=0), "vocabulary of at least 1"),
     ],
 )
 def test_bad_input_raises_value_error(kw, match):

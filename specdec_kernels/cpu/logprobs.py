@@ -79,10 +79,29 @@ def _insert_top(src, j0, ids, vals, filled):
     return filled
 
 
+SORT_ABOVE_N = 64
+"""Above this many entries the top N come from one stable sort of the row instead of the
+sorted list (whose insertions would cost ~N per entry)."""
+
+
+@jit
+def _sorted_top(l32, l16, bf16, g, V, ids, vals, neg, buf):
+    """The ``N`` largest logits of row ``g`` by a stable sort (ties: the lower id first)."""
+    for j0 in range(0, V, BLOCK):
+        src = block(l32, l16, bf16, g, j0, min(BLOCK, V - j0), buf)
+        for i in range(src.shape[0]):
+            neg[j0 + i] = -src[i] if src[i] == src[i] else np.inf
+    order = np.argsort(neg[:V], kind="mergesort")
+    for t in range(ids.shape[0]):
+        ids[t] = order[t]
+        x = block(l32, l16, bf16, g, order[t], 1, buf)[0]
+        vals[t] = x if x == x else -np.inf
+
+
 @jit
 def _top(
     l32, l16, bf16, out_tok, num_emitted, cu, logits_mode, tok_lp, tok_rank, top_ids, top_vals,
-    buf, w,
+    buf, w, neg,
 ):  # fmt: skip
     B, K1 = out_tok.shape
     N = top_ids.shape[2]
@@ -109,9 +128,8 @@ def _top(
             filled = 0
             for j0 in range(0, V, BLOCK):
                 n = min(BLOCK, V - j0)
-                skip = N == 0 or (
-                    filled == N and _block_below(l32, l16, bf16, g, j0, n, vals[N - 1])
-                )
+                skip = N == 0 or N > SORT_ABOVE_N
+                skip = skip or (filled == N and _block_below(l32, l16, bf16, g, j0, n, vals[N - 1]))
                 if skip and x_tok == -np.inf and m != np.inf:
                     continue
                 src = block(l32, l16, bf16, g, j0, n, buf)
@@ -121,6 +139,8 @@ def _top(
                     n_max += _count_ge(src, m)
                 if not skip:
                     filled = _insert_top(src, j0, ids, vals, filled)
+            if N > SORT_ABOVE_N:
+                _sorted_top(l32, l16, bf16, g, V, ids, vals, neg, buf)
             log_s = np.float32(0.0)
             if not logits_mode and np.isfinite(m):
                 log_s = np.float32(np.log(raw_log_normaliser(l32, l16, bf16, g, V, m, w)))
@@ -130,13 +150,50 @@ def _top(
             tok_rank[b, j] = rank
 
 
+@jit
+def _values_ok(rows, V, out_tok, num_emitted, cu):
+    """The wrapper's value checks (``ops/logprobs.py``) as one pass: ``cu`` a prefix sum of
+    counts in ``[0, k]`` from 0, ``cu[B] + B`` rows, ``num_emitted`` in ``[0, k_b + 1]``,
+    the emitted tokens in ``[0, V)``."""
+    B, K1 = out_tok.shape
+    if cu[0] != 0 or rows < cu[B] + B:
+        return False
+    for b in range(B):
+        kb = cu[b + 1] - cu[b]
+        e = num_emitted[b]
+        if kb < 0 or kb > K1 - 1 or e < 0 or e > kb + 1:
+            return False
+        for j in range(e):
+            if out_tok[b, j] < 0 or out_tok[b, j] >= V:
+                return False
+    return True
+
+
 def top_logprobs(
     target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, *, num_logprobs,
     logprobs_mode,
 ):  # fmt: skip
     """The CPU implementation of ``specdec::top_logprobs`` (registered directly)."""
+    return _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, num_logprobs,
+                logprobs_mode, False)  # fmt: skip
+
+
+def top_logprobs_checked(
+    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, *, num_logprobs,
+    logprobs_mode,
+):  # fmt: skip
+    """:func:`top_logprobs` after the wrapper's value checks, in one numba pass before
+    anything is computed; None if one fails (``ops/_library.py``'s ``call``)."""
+    return _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, num_logprobs,
+                logprobs_mode, True)  # fmt: skip
+
+
+def _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, N, mode, check):
+    out_tok, emitted, cu = np_(output_token_ids), np_(num_emitted), np_(cu_num_draft_tokens)
+    if check and not _values_ok(target_logits.shape[0], target_logits.shape[1], out_tok,
+                                emitted, cu):  # fmt: skip
+        return None
     B, K1 = output_token_ids.shape
-    N = num_logprobs
     (tok_lp, tok_rank, top_ids, top_vals), arrays = outputs(
         ((B, K1), np.float32), ((B, K1), np.int32), ((B, K1, N), np.int32),
         ((B, K1, N), np.float32),
@@ -144,10 +201,10 @@ def top_logprobs(
     if B == 0:
         return tok_lp, tok_rank, top_ids, top_vals
     l32, l16 = float_rows(target_logits, target_logits.shape[0])
-    work = scratch(2 * BLOCK)
+    V = target_logits.shape[1]
+    work = scratch(2 * BLOCK + (V if N > SORT_ABOVE_N else 0))
     _top(
-        l32, l16, target_logits.dtype == torch.bfloat16, np_(output_token_ids),
-        np_(num_emitted), np_(cu_num_draft_tokens), logprobs_mode == "raw_logits", *arrays,
-        work[:BLOCK], work[BLOCK:],
+        l32, l16, target_logits.dtype == torch.bfloat16, out_tok, emitted, cu,
+        mode == "raw_logits", *arrays, work[:BLOCK], work[BLOCK : 2 * BLOCK], work[2 * BLOCK :],
     )  # fmt: skip
     return tok_lp, tok_rank, top_ids, top_vals

@@ -5,6 +5,9 @@ a Triton kernel would add nothing but code. No host synchronisation, static shap
 slot's row is gathered (a slot past ``num_emitted`` reads row 0 and is overwritten), and
 ties go to the lower id through one int64 key per logit, the logit's order-preserving
 32-bit pattern above the complement of its id, so one ``topk`` gives the contract's order.
+Values are taken only at the ``N + 1`` ids a slot reports, against a float64 normaliser
+(an fp32 ``log_softmax`` drifts by ~2e-5 at V = 152k). Temporaries: the fp32 rows and one
+int64 key per logit.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ _LOW32 = (1 << 32) - 1
 
 
 def _order_keys(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys ordered as ``(x desc, id asc)`` for fp32 rows ``x`` without NaN."""
-    bits = (x + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0
-    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # negative floats: flip the order
+    """int64 keys ordered as ``(x desc, id asc)`` for fp32 rows ``x`` without NaN and without
+    -0.0 (one int64 per logit: the float's order-preserving 32-bit key, then the id's
+    complement)."""
+    bits = x.view(torch.int32)
+    key = (bits >> 31).bitwise_and_(0x7FFFFFFF).bitwise_xor_(bits)  # negative floats: flipped
     ids = torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
-    return key * (1 << 32) + (_LOW32 - ids)
+    return key.to(torch.int64).mul_(1 << 32).add_(_LOW32 - ids)
 
 
 def top_logprobs(
@@ -36,29 +41,36 @@ def top_logprobs(
     tok_rank = _utils._empty((B, K1), torch.int32, device)
     top_ids = _utils._empty((B, K1, N), torch.int32, device)
     top_vals = _utils._empty((B, K1, N), torch.float32, device)
-    if B == 0 or target_logits.shape[0] == 0:  # no rows to read (unvalidated): no slot is live
+    if B == 0 or V == 0 or target_logits.shape[0] == 0:  # nothing to read (unvalidated)
         tok_lp.zero_(), tok_rank.zero_(), top_ids.fill_(-1), top_vals.zero_()
         return tok_lp, tok_rank, top_ids, top_vals
     j = torch.arange(K1, device=device)
     live = j[None, :] < num_emitted.clamp(0, K1)[:, None].to(device)
     rows = cu_num_draft_tokens[:-1].long()[:, None] + torch.arange(B, device=device)[:, None] + j
-    rows = torch.where(live, rows, 0).clamp(0, max(target_logits.shape[0] - 1, 0))
-    x = target_logits.index_select(0, rows.flatten()).float()
-    x = x.masked_fill(torch.isnan(x), float("-inf"))
+    rows = torch.where(live, rows, 0).clamp(0, target_logits.shape[0] - 1)
+    x = target_logits.index_select(0, rows.flatten()).float()  # a copy: changed in place
+    x.masked_fill_(torch.isnan(x), float("-inf")).add_(0.0)  # NaN as -inf; -0.0 as +0.0
     tok = output_token_ids.flatten().long().clamp(0, V - 1)[:, None]
     x_tok = x.gather(1, tok)
+    rank = (x >= x_tok).sum(1, keepdim=True)
     m = x.max(1, keepdim=True).values
+    n_max = (x == m).sum(1, keepdim=True)
+    ids = _LOW32 - (_order_keys(x).topk(N, dim=1).values & _LOW32) if N else tok[:, :0]
+    picked = torch.cat([x.gather(1, ids), x_tok], 1)  # the N values and the token's
     if logprobs_mode == "raw_logits":
-        values = x
-    else:  # log_softmax; a row whose maximum is not finite: -log n at its n maxima
-        n_max = (x == m).sum(1, keepdim=True).float()
-        shared = torch.where(x == m, -torch.log(n_max), float("-inf"))
-        values = torch.where(torch.isfinite(m), torch.log_softmax(x, 1), shared)
-    chosen = _order_keys(x).topk(N, dim=1).values
-    ids = _LOW32 - (chosen & _LOW32)
+        values = picked
+    else:  # (x - m) - log S, S summed in float64; no finite maximum: -log n at the n maxima
+        finite = torch.isfinite(m)
+        safe_m = torch.where(finite, m, 0.0)
+        log_s = x.sub_(safe_m).exp_().sum(1, keepdim=True, dtype=torch.float64).log_()
+        values = torch.where(
+            finite,
+            ((picked - safe_m) - log_s).float(),
+            torch.where(picked == m, -torch.log(n_max.float()), float("-inf")),
+        )
     live = live.flatten()[:, None]
     top_ids.copy_(torch.where(live, ids, -1).view(B, K1, N))
-    top_vals.copy_(torch.where(live, values.gather(1, ids), 0.0).view(B, K1, N))
-    tok_lp.copy_(torch.where(live, values.gather(1, tok), 0.0).view(B, K1))
-    tok_rank.copy_(torch.where(live, (x >= x_tok).sum(1, keepdim=True), 0).view(B, K1))
+    top_vals.copy_(torch.where(live, values[:, :N], 0.0).view(B, K1, N))
+    tok_lp.copy_(torch.where(live, values[:, N:], 0.0).view(B, K1))
+    tok_rank.copy_(torch.where(live, rank, 0).view(B, K1))
     return tok_lp, tok_rank, top_ids, top_vals

@@ -336,3 +336,27 @@ def test_processed_mode_logprobs_are_vllms(mode, sampled):
         raw_mode = RejectionSampler(Sampler(logprobs_mode=mode.replace("processed", "raw")))
         raw = plugin.verify(md, None, logits, sm, raw_mode).logprobs_tensors
         assert not torch.equal(raw.logprobs[real, top], g.logprobs[real, top])  # it bites
+
+
+def test_processed_modes_fall_back_with_logit_bias_or_min_tokens():
+    # the rows vLLM's rejection sampler processes differently (no bias on draft rows, its
+    # bonus-row min_tokens rule) would give other processed logprobs: vLLM verifies those
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler
+
+    drafts, logits = greedy_batch(1)
+    B, V = len(drafts), logits.shape[1]
+    md = spec_metadata(drafts)
+    bias = LogitBiasLogitsProcessor(None, torch.device("cpu"), False)
+    _update(bias, [(0, SamplingParams(logit_bias={3: 2.0}), None, [])])
+    min_tok = MinTokensLogitsProcessor(None, torch.device("cpu"), False)
+    _update(min_tok, [(1, SamplingParams(min_tokens=5, stop_token_ids=[0]), None, [])])
+    for proc in (bias, min_tok):
+        sm = replace(sampling_metadata(B, V), max_num_logprobs=2,
+                     logitsprocs=LogitsProcessors([proc]))  # fmt: skip
+        for mode in ("processed_logprobs", "processed_logits"):
+            sampler = RejectionSampler(Sampler(logprobs_mode=mode))
+            reason = plugin.unsupported_reason(sampler, md, None, logits, sm)
+            assert reason == f"logprobs in the {mode!r} mode with logit bias or min_tokens"
+        raw = RejectionSampler(Sampler(logprobs_mode="raw_logprobs"))
+        assert plugin.unsupported_reason(raw, md, None, logits, sm) is None

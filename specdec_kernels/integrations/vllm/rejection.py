@@ -160,7 +160,8 @@ def unsupported_reason(
     not implement as vLLM does: an active min-p or custom logits processor, ``min_tokens``
     on a request with structured output (vLLM then unmasks the stop tokens of a row that
     would have no token left), a thinking-token budget, ``logprob_token_ids``,
-    full-vocabulary logprobs or a ``logprobs_mode`` other than vLLM 0.33.0's four, vLLM's
+    full-vocabulary logprobs, a ``logprobs_mode`` not among vLLM 0.33.0's four or processed
+    with logit bias or ``min_tokens`` (rows that vLLM processes otherwise, see below), vLLM's
     synthetic or FLy acceptance modes, a sampler that is not vLLM's plain ``Sampler``, a
     device other than CPU/CUDA (ROCm included), logits not fp32/bf16/fp16, or
     ``draft_probs`` of another vocabulary. Penalties, bad words,
@@ -210,6 +211,10 @@ def unsupported_reason(
         mode = rejection_sampler.sampler.logprobs_mode
         if mode not in LOGPROBS_MODES:
             return f"logprobs in the {mode!r} mode"
+        if mode in PROCESSED_LOGPROBS_MODES and (
+            processing.logit_biases(sm) or processing.min_tokens_entries(sm)
+        ):  # the rows where vLLM's rejection sampler differs from its Sampler
+            return f"logprobs in the {mode!r} mode with logit bias or min_tokens"
         if sm.max_num_logprobs < 0:
             return "full-vocabulary logprobs (max_num_logprobs = -1)"
     procs = sm.logitsprocs
