@@ -96,7 +96,7 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
 
     # Commit the emitted tokens to the persistent state; stop tokens and budgets end
     # requests (the stop token is committed).
-    start = eng.num_tokens[r].clone() if eng.logprobs is not None else None
+    start = eng.num_tokens[r] if eng.logprobs is not None else None  # a copy (indexed)
     cm = commit_accepted_tokens(
         eng.token_ids, eng.num_tokens, rs.output_token_ids, rs.num_emitted, req_indices,
         stop_token_ids=eng.stop_token_ids[r], num_prompt_tokens=eng.num_prompt_tokens,

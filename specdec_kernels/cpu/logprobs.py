@@ -3,11 +3,11 @@
 
 Per emitted slot, its target row in ``BLOCK`` pieces (``cpu/sampling.py``): the maximum,
 then per piece the emitted token's rank count (a vectorised compare) and the merge into a
-small sorted list of the ``N`` largest logits, skipped where the piece's largest order key
-is not above the list's last (the common case once the list holds the row's top: an integer
-max, vectorised); an insertion happens only where a logit beats the list's last, so ties
-stay with the lower id, which came first; then, for ``raw_logprobs``, the log-normaliser's
-pass.
+small sorted list of the ``N`` largest logits, skipped where the piece's maximum is not
+above the list's last (the common case once the list holds the row's top; an integer max
+over order keys, vectorised); an insertion happens only where a logit beats the list's
+last, so ties stay with the lower id, which came first; then, for ``raw_logprobs``, the
+log-normaliser's pass. Above ``N = 64`` one stable sort of the row gives the top N.
 """
 
 from __future__ import annotations
@@ -16,25 +16,15 @@ import numpy as np
 import torch
 
 from specdec_kernels.cpu._jit import float_rows, jit, np_, outputs, scratch
-from specdec_kernels.cpu.sampling import (
-    BF16_NEG_INF_KEY,
-    BF16_POS_INF_KEY,
-    BLOCK,
-    NEG_INF_KEY,
-    POS_INF_KEY,
-    _key_float,
-    _key_max,
-    block,
-    raw_log_normaliser,
-    row_max,
-)
+from specdec_kernels.cpu.sampling import BLOCK, block, range_max, raw_log_normaliser, row_max
 
 
 @jit
-def _value_of(x, m, log_s, n_max, logits_mode):
+def value_of(x, m, log_s, n_max, logits_mode):
     """The mode's value of a logit ``x`` (NaN read as -inf) in a row of maximum ``m``: the
-    logit, or its log-softmax ``(x - m) - log S``; a row whose maximum is not finite: ``-log
-    n`` at its ``n`` maximal ids, -inf elsewhere (``docs/design.md``, ``rejection_sample``)."""
+    logit, or its log-softmax ``(x - m) - log S`` (``log_s`` float64); a row whose maximum is
+    not finite: ``-log n`` at its ``n`` maximal ids, -inf elsewhere (``docs/design.md``,
+    ``rejection_sample``; its ``logprobs`` use this too)."""
     if logits_mode:
         return x
     if np.isfinite(m):
@@ -49,17 +39,6 @@ def _count_ge(src, x):
     for i in range(src.shape[0]):
         c += src[i] >= x
     return c
-
-
-@jit
-def _block_below(l32, l16, bf16, g, j0, n, t):
-    """Whether every entry of the block is ``<= t`` (NaN read as -inf), from its order keys
-    (a vectorised integer max; a positive NaN's key is above ``+inf``'s: then no)."""
-    if bf16:
-        key = _key_max(l16[g].view(np.int16)[j0 : j0 + n], BF16_NEG_INF_KEY)
-        return key <= BF16_POS_INF_KEY and _key_float(key, True) <= t
-    key = _key_max(l32[g].view(np.int32)[j0 : j0 + n], NEG_INF_KEY)
-    return key <= POS_INF_KEY and _key_float(key, False) <= t
 
 
 @jit
@@ -129,7 +108,9 @@ def _top(
             for j0 in range(0, V, BLOCK):
                 n = min(BLOCK, V - j0)
                 skip = N == 0 or N > SORT_ABOVE_N
-                skip = skip or (filled == N and _block_below(l32, l16, bf16, g, j0, n, vals[N - 1]))
+                skip = skip or (
+                    filled == N and range_max(l32, l16, bf16, g, j0, n, buf) <= vals[N - 1]
+                )
                 if skip and x_tok == -np.inf and m != np.inf:
                     continue
                 src = block(l32, l16, bf16, g, j0, n, buf)
@@ -141,12 +122,12 @@ def _top(
                     filled = _insert_top(src, j0, ids, vals, filled)
             if N > SORT_ABOVE_N:
                 _sorted_top(l32, l16, bf16, g, V, ids, vals, neg, buf)
-            log_s = np.float32(0.0)
+            log_s = np.float64(0.0)
             if not logits_mode and np.isfinite(m):
-                log_s = np.float32(np.log(raw_log_normaliser(l32, l16, bf16, g, V, m, w)))
+                log_s = np.log(raw_log_normaliser(l32, l16, bf16, g, V, m, w))
             for t in range(N):
-                vals[t] = _value_of(vals[t], m, log_s, n_max, logits_mode)
-            tok_lp[b, j] = _value_of(x_tok, m, log_s, n_max, logits_mode)
+                vals[t] = value_of(vals[t], m, log_s, n_max, logits_mode)
+            tok_lp[b, j] = value_of(x_tok, m, log_s, n_max, logits_mode)
             tok_rank[b, j] = rank
 
 

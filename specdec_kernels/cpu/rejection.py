@@ -30,6 +30,7 @@ from specdec_kernels.cpu._jit import (
     outputs,
     scratch,
 )
+from specdec_kernels.cpu.logprobs import value_of
 from specdec_kernels.cpu.sampling import (
     BLOCK,
     argmax,
@@ -72,8 +73,7 @@ def _log_prob(f32, u16, bf16, g, V, tok, buf, w):
     if l_tok != l_tok:
         l_tok = -np.inf
     if np.isfinite(m):
-        S = raw_log_normaliser(f32, u16, bf16, g, V, m, w)
-        return np.float32((l_tok - m) - np.log(S))  # S: float64
+        return value_of(l_tok, m, np.log(raw_log_normaliser(f32, u16, bf16, g, V, m, w)), 0, False)
     n_max = 0
     for j0 in range(0, V, BLOCK):
         src = block(f32, u16, bf16, g, j0, min(BLOCK, V - j0), buf)
@@ -81,7 +81,7 @@ def _log_prob(f32, u16, bf16, g, V, tok, buf, w):
             v = src[i] if src[i] == src[i] else -np.inf
             if v == m:
                 n_max += 1
-    return np.float32((0.0 if l_tok == m else -np.inf) - np.log(np.float32(n_max)))
+    return value_of(l_tok, m, np.float64(0.0), n_max, False)
 
 
 @jit

@@ -84,17 +84,23 @@ def _key_float(key, bf16):
 @jit
 def row_max(f32, u16, bf16, g, V, buf):
     """The row's maximum, NaN read as ``-inf``."""
+    return range_max(f32, u16, bf16, g, 0, V, buf)
+
+
+@jit
+def range_max(f32, u16, bf16, g, j0, n, buf):
+    """The maximum of row ``g``'s columns ``j0 .. j0+n-1``, NaN read as ``-inf``."""
     if bf16:
-        key = _key_max(u16[g].view(np.int16), BF16_NEG_INF_KEY)
+        key = _key_max(u16[g].view(np.int16)[j0 : j0 + n], BF16_NEG_INF_KEY)
         if key <= BF16_POS_INF_KEY:
             return _key_float(key, True)
     else:
-        key = _key_max(f32[g].view(np.int32), NEG_INF_KEY)
+        key = _key_max(f32[g].view(np.int32)[j0 : j0 + n], NEG_INF_KEY)
         if key <= POS_INF_KEY:
             return _key_float(key, False)
     best = NEG_INF  # a positive NaN: the float pass
-    for j0 in range(0, V, BLOCK):
-        src = block(f32, u16, bf16, g, j0, min(BLOCK, V - j0), buf)
+    for b0 in range(j0, j0 + n, BLOCK):
+        src = block(f32, u16, bf16, g, b0, min(BLOCK, j0 + n - b0), buf)
         for i in range(src.shape[0]):
             if src[i] > best:
                 best = src[i]
