@@ -2,7 +2,8 @@
 
 :class:`Frequency` (the hash-table prototype, ``bench/baselines/frequency_prototype.py``),
 :class:`Compact` (the same drafts from the compact structure,
-``bench/baselines/frequency_compact.py``) and :class:`Adaptive` (the prototype with its
+``bench/baselines/frequency_compact.py``), :class:`Trie` (the same from the path-compressed
+trie, ``bench/baselines/frequency_trie.py``) and :class:`Adaptive` (the prototype with its
 factor chosen per request online), with the replay's drafter interface: ``admit``,
 ``propose``, ``commit``, ``finish`` per slot.
 """
@@ -13,6 +14,7 @@ import numpy as np
 
 from bench.baselines import frequency_compact as fc
 from bench.baselines import frequency_prototype as fp
+from bench.baselines import frequency_trie as ft
 
 
 class Frequency:
@@ -107,37 +109,51 @@ class Compact(Frequency):
     def __init__(self, shared: bool, store: str, factor: float = 1.0, D: int = 64,
                  shared_positions: int = 1 << 20):  # fmt: skip
         self.D, self.factor, self.shared, self.live = D, factor, shared, store == "native"
-        self.glob = None
-        if shared:
-            self.glob = fc.new_store(_worst_case(shared_positions, D), 2 * shared_positions)
+        self.glob = self._new_store(shared_positions, 2 * shared_positions) if shared else None
         self.own, self.prompt_len, self.start = {}, {}, {}
         self.out, self.tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
 
+    mod = fc
+
+    def _new_store(self, positions: int, tokens: int):
+        """A store for ``positions`` counted positions in ``tokens`` token slots."""
+        return fc.new_store(fc.log2_slots_for(positions * (self.D // 2 + 1)), tokens)
+
     def admit(self, s, h, n):
-        self.own[s] = fc.new_store(_worst_case(h.shape[0], self.D), h.shape[0])
+        mod = self.mod
+        self.own[s] = self._new_store(h.shape[0], h.shape[0])
         self.prompt_len[s] = n
-        fc.append(*self.own[s], h, 0, n, fc.reserve(self.own[s], h.shape[0]), self.D)
+        mod.append(*self.own[s], h, 0, n, mod.reserve(self.own[s], h.shape[0]), self.D)
         if self.shared and self.live:
-            self.start[s] = fc.reserve(self.glob, h.shape[0] - n) - n
+            self.start[s] = mod.reserve(self.glob, h.shape[0] - n) - n
 
     def _draft(self, store, h, n, k):
-        t, score = fc.propose(*store, h, n, self.D, k, self.factor, 0.1, self.out, self.tmp)
+        t, score = self.mod.propose(*store, h, n, self.D, k, self.factor, 0.1, self.out,
+                                    self.tmp)  # fmt: skip
         return self.out[:t].tolist(), score
 
     def commit(self, s, h, n0, n1):
-        fc.append(*self.own[s], h, n0, n1, n0, self.D)
+        self.mod.append(*self.own[s], h, n0, n1, n0, self.D)
         if self.shared and self.live:
-            fc.append(*self.glob, h, n0, n1, self.start[s] + n0, self.D)
+            self.mod.append(*self.glob, h, n0, n1, self.start[s] + n0, self.D)
 
     def finish(self, s, h):
         del self.own[s]
         if self.shared and not self.live:
-            fc.append(*self.glob, h, 0, h.shape[0], fc.reserve(self.glob, h.shape[0]), self.D)
+            mod = self.mod
+            mod.append(*self.glob, h, 0, h.shape[0], mod.reserve(self.glob, h.shape[0]), self.D)
 
 
-def _worst_case(positions: int, D: int) -> int:
-    """log2 slots for ``positions``' worst case (a code edit's store comes close to it)."""
-    return fc.log2_slots_for(positions * (D // 2 + 1))
+class Trie(Compact):
+    """:class:`Compact` on the path-compressed trie (``bench/baselines/frequency_trie.py``):
+    the same drafts except where two continuations tie in count and the live store's
+    reserved slots make "latest by position" and "latest counted" differ."""
+
+    mod = ft
+
+    def _new_store(self, positions: int, tokens: int):
+        nodes = 2 * positions + 2  # a leaf and a split a position at most, and the root
+        return ft.new_store(ft.log2_slots_for(nodes), tokens, nodes)
 
 
 def accepted(draft, h, n: int, n1: int) -> int:

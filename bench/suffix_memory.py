@@ -1,14 +1,15 @@
-"""Memory per corpus token and per-call cost of the compact frequency structure (issue 19).
+"""Memory per corpus token and per-call cost of the frequency structures (issue 19).
 
-``python -m bench.suffix_memory [--stream stdlib git botocore] [--depth 64]`` builds one
-store from every request of a stream (prompt + output, each its own document; the
-streams of ``bench/suffix_replay.py``) with ``bench/baselines/frequency_compact.py`` and
-reports its entries (nodes: contexts seen at least twice; leaves: a position's shortest
-context seen once) and bytes per corpus token, beside SuffixDecoding's (ArcticInference
-0.3.0, built by ``bench/baselines/suffix_decoding.sh``): the RSS growth of a fresh process
-building its tree from the same documents. Then the cost of an append per token and of a
-propose (``k`` drafts, factor 1) from the tail of every ``--stride``-th position of the
-stream against the whole store, for both; one thread, medians of ``--repeats`` runs.
+``python -m bench.suffix_memory [--stream stdlib git botocore] [--depth 64] [--structure
+compact|trie]`` builds one store from every request of a stream (prompt + output, each its
+own document; the streams of ``bench/suffix_replay.py``) with
+``bench/baselines/frequency_compact.py`` or ``frequency_trie.py`` (the path-compressed trie)
+and reports its entries (nodes: count >= 2; leaves: count 1) and bytes per corpus token,
+beside SuffixDecoding's (ArcticInference 0.3.0, built by
+``bench/baselines/suffix_decoding.sh``): the RSS growth of a fresh process building its
+tree from the same documents. Then the cost of an append per token and of a propose (``k``
+drafts, factor 1) from the tail of every ``--stride``-th position of the stream against the
+whole store, for both; one thread, medians of ``--repeats`` runs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.baselines import frequency_compact as fc  # noqa: E402
+from bench.baselines import frequency_trie as ft  # noqa: E402
 from bench.streams import botocore_requests  # noqa: E402
 from examples.corpus_replay import DEFAULT_COMMITS, git_requests, stdlib_requests  # noqa: E402
 
@@ -65,30 +67,78 @@ def stream(name: str):
     return git_requests(DEFAULT_COMMITS, 2048)
 
 
-def build(docs, depth: int, log2_slots: int | None = None):
-    """One store of ``docs`` and the seconds its appends took. Without ``log2_slots``, a
-    table for the worst case (``D / 2 + 1`` entries a position at most 3/4 full)."""
+class Structure:
+    """The compact structure (``frequency_compact``): one table of nodes and leaves."""
+
+    mod = fc
+
+    def new(self, tokens: int, docs: int, depth: int, entries: int | None):
+        """A store for ``tokens`` in ``docs`` documents; ``entries`` (from :meth:`entries`
+        of an earlier build) sizes it exactly, None: for the worst case (``D / 2 + 1``
+        entries a position)."""
+        slots = tokens * (depth // 2 + 1) if entries is None else entries
+        return fc.new_store(fc.log2_slots_for(slots), tokens + docs)
+
+    def entries(self, store) -> int:
+        return int(store[-1][1])
+
+    def census(self, store) -> tuple[int, int]:
+        """(nodes, leaves) in the store: count >= 2, count 1."""
+        count = store[1]
+        return int((count >= 2).sum()), int((count == 1).sum())
+
+    def nbytes(self, store, ideal: bool) -> int:
+        """Bytes of the counts (not the token ids): as allocated, or ``ideal``: a table
+        exactly 3/4 full."""
+        if ideal:
+            return int(fc.BYTES_PER_SLOT * self.entries(store) * 4 / 3)
+        return sum(a.nbytes for a in store[:5])
+
+
+class Trie(Structure):
+    """The path-compressed trie (``frequency_trie``): a table of keys and node arrays."""
+
+    mod = ft
+
+    def new(self, tokens, docs, depth, entries):
+        nodes = 2 * tokens + 2 if entries is None else entries + 1
+        return ft.new_store(ft.log2_slots_for(nodes), tokens + docs, nodes)
+
+    def entries(self, store) -> int:
+        return int(store[-1][2]) - 1  # every node but the root has a key
+
+    def census(self, store):
+        used = int(store[-1][2])
+        count = store[2][0, 1:used]
+        return int((count >= 2).sum()), int((count == 1).sum())
+
+    def nbytes(self, store, ideal):
+        nodes = self.entries(store) + 1
+        if ideal:
+            return int(ft.BYTES_PER_SLOT * self.entries(store) * 4 / 3) + ft.BYTES_PER_NODE * nodes
+        return store[0].nbytes + store[1].nbytes + ft.BYTES_PER_NODE * nodes
+
+
+STRUCTURES = {"compact": Structure(), "trie": Trie()}
+
+
+def build(docs, depth: int, structure: Structure, entries: int | None = None):
+    """One store of ``docs`` and the seconds its appends took (``Structure.new``)."""
     tokens = sum(d.shape[0] for d in docs)
-    if log2_slots is None:
-        log2_slots = fc.log2_slots_for(tokens * (depth // 2 + 1))
-    store = fc.new_store(log2_slots, tokens + len(docs))
+    store = structure.new(tokens, len(docs), depth, entries)
+    mod = structure.mod
     t0 = time.perf_counter()
     for d in docs:
-        fc.append(*store, d, 0, d.shape[0], fc.reserve(store, d.shape[0]), depth)
+        mod.append(*store, d, 0, d.shape[0], mod.reserve(store, d.shape[0]), depth)
     return store, time.perf_counter() - t0
 
 
-def census(store) -> tuple[int, int]:
-    """(nodes, leaves) in the store."""
-    count = store[1]
-    return int((count >= 2).sum()), int((count == 1).sum())
-
-
-def propose_all(store, queries, depth: int, k: int) -> float:
+def propose_all(store, queries, depth: int, k: int, structure: Structure) -> float:
     out, tmp = np.zeros(depth, np.int32), np.zeros(depth, np.int32)
+    propose = structure.mod.propose
     t0 = time.perf_counter()
     for q in queries:
-        fc.propose(*store, q, q.shape[0], depth, k, 1.0, 0.1, out, tmp)
+        propose(*store, q, q.shape[0], depth, k, 1.0, 0.1, out, tmp)
     return time.perf_counter() - t0
 
 
@@ -109,12 +159,12 @@ def peer(docs, queries, depth: int, k: int) -> dict | None:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def per_document(docs, depth: int) -> str:
+def per_document(docs, depth: int, structure: Structure) -> str:
     """Entries per token of one store per document (prompt + output): median / p90 / max."""
     ratios = []
     for d in docs:
-        store, _ = build([d], depth)
-        ratios.append(int(store[-1][1]) / max(1, d.shape[0]))
+        store, _ = build([d], depth, structure)
+        ratios.append(structure.entries(store) / max(1, d.shape[0]))
     q = np.quantile(ratios, [0.5, 0.9, 1.0])
     return " / ".join(f"{x:.2f}" for x in q)
 
@@ -127,23 +177,26 @@ def main(argv=None) -> int:
     p.add_argument("--stride", type=int, default=97, help="a query every this many positions")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--structure", choices=sorted(STRUCTURES), default="compact")
     p.add_argument(
         "--per-document", action="store_true",
         help="only: entries per token of a store per document (a request's own history)",
     )  # fmt: skip
     args = p.parse_args(argv)
+    structure = STRUCTURES[args.structure]
     if args.per_document:
         for name in args.stream:
             docs = [np.asarray(pr + out, np.int32) for _, pr, out in stream(name)]
-            print(f"{name}: entries / token, median / p90 / max: {per_document(docs, args.depth)}")
+            spread = per_document(docs, args.depth, structure)
+            print(f"{name}: entries / token, median / p90 / max: {spread}")
         return 0
     lines = [
-        f"D = depth = {args.depth}; propose: k = {args.k}, factor 1, min_token_prob 0.1; "
-        f"medians of {args.repeats} runs, one thread",
+        f"{args.structure} structure; D = depth = {args.depth}; propose: k = {args.k}, "
+        f"factor 1, min_token_prob 0.1; medians of {args.repeats} runs, one thread",
         "",
-        "| stream | corpus tokens | nodes / token | leaves / token | compact B / token "
-        "allocated (if exactly 3/4 full) | SuffixDecoding RSS B / token | "
-        "append ns / token, compact : SD | propose us, compact : SD |",
+        f"| stream | corpus tokens | nodes / token | leaves / token | {args.structure} B / "
+        "token allocated (if the table were exactly 3/4 full) | SuffixDecoding RSS B / token "
+        f"| append ns / token, {args.structure} : SD | propose us, {args.structure} : SD |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in args.stream:
@@ -151,17 +204,19 @@ def main(argv=None) -> int:
         tokens = sum(d.shape[0] for d in docs)
         flat = np.concatenate(docs)
         queries = [flat[max(0, i - args.depth) : i] for i in range(1, flat.shape[0], args.stride)]
-        entries = int(build(docs, args.depth)[0][-1][1])  # count, then size the table
-        log2 = fc.log2_slots_for(entries)
+        # count, then size the store
+        entries = structure.entries(build(docs, args.depth, structure)[0])
         runs, props, sd = [], [], []
-        for _ in range(args.repeats):  # interleaved: compact build, its proposals, the peer
-            runs.append(build(docs, args.depth, log2))
-            props.append(propose_all(runs[-1][0], queries, args.depth, args.k))
-            runs[-1] = (census(runs[-1][0]), runs[-1][1])
+        for _ in range(args.repeats):  # interleaved: our build, its proposals, the peer
+            store, seconds = build(docs, args.depth, structure, entries)
+            props.append(propose_all(store, queries, args.depth, args.k, structure))
+            sizes = (structure.nbytes(store, False), structure.nbytes(store, True))
+            runs.append(((structure.census(store), sizes), seconds))
+            del store
             sd.append(peer(docs, queries, args.depth, args.k))
-        nodes, leaves = runs[-1][0]
-        ideal = fc.BYTES_PER_SLOT * (nodes + leaves) * 4 / 3 / tokens + 4  # + the token ids
-        allocated = (fc.BYTES_PER_SLOT * (1 << log2) + 4 * (tokens + len(docs))) / tokens
+        (nodes, leaves), (allocated, ideal) = runs[-1][0]
+        ideal = (ideal + 4 * (tokens + len(docs))) / tokens  # + the token ids
+        allocated = (allocated + 4 * (tokens + len(docs))) / tokens
         append_ns = 1e9 * float(np.median([r[1] for r in runs])) / tokens
         prop_us = 1e6 * float(np.median(props)) / len(queries)
         if sd[0] is None:

@@ -19,6 +19,8 @@ then every one commits. Reported: tokens per step (output tokens / decode steps)
   frequency_prototype.py``), same factors;
 - ``adaptive`` (with ``--drafters``): the prototype choosing the factor per request
   online among 0.5, 1, 2, 4 (:class:`Adaptive`);
+- ``compact``, ``trie`` (with ``--drafters``): the prototype's drafts from the compact
+  structure and from the path-compressed trie (``bench/baselines/frequency_*.py``);
 
 each with its own history only and with earlier requests, in two store settings:
 ``native`` (SuffixDecoding's: every request's response, growing live) and ``finished``
@@ -41,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.frequency_drafters import Adaptive, Compact, Frequency, accepted  # noqa: E402
+from bench.frequency_drafters import Adaptive, Compact, Frequency, Trie, accepted  # noqa: E402
 from bench.streams import BOTOCORE, botocore_requests  # noqa: E402
 from examples.corpus_replay import DEFAULT_COMMITS, git_requests, stdlib_requests  # noqa: E402
 
@@ -222,7 +224,7 @@ def main(argv=None) -> int:
         reqs = git_requests(DEFAULT_COMMITS, args.max_output)
         name = f"code edits, git {DEFAULT_COMMITS}"
     chosen = set(args.drafters.split(","))
-    known = {"longest", "suffix", "frequency", "adaptive", "compact"}
+    known = {"longest", "suffix", "frequency", "adaptive", "compact", "trie"}
     if chosen - known:
         p.error(f"unknown drafters {sorted(chosen - known)}")
     drafters = [("longest", Longest, {})] if "longest" in chosen else []
@@ -239,6 +241,11 @@ def main(argv=None) -> int:
     if "compact" in chosen:
         drafters += [
             (f"compact f={f:g}", Compact, {"factor": f, "shared_positions": positions})
+            for f in args.factors
+        ]
+    if "trie" in chosen:
+        drafters += [
+            (f"trie f={f:g}", Trie, {"factor": f, "shared_positions": positions})
             for f in args.factors
         ]
     if "adaptive" in chosen:

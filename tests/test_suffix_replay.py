@@ -6,6 +6,7 @@ stated rule towards the most recent, so their drafts differ by design.)"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from bench import streams, suffix_replay
 from bench.baselines import frequency_compact as fc
 from bench.baselines import frequency_prototype as fp
+from bench.baselines import frequency_trie as ft
 
 
 def _brute_force(docs, seq, D, k, factor, min_prob):
@@ -98,32 +100,67 @@ def test_frequency_prototype_equals_brute_force(seed):
     assert _prototype(*case) == _brute_force(*case)
 
 
-def _compact(docs, seq, D, k, factor, min_prob, chunk=3, store_history=True):
-    """The compact structure's drafts: every document, then the history in chunks of
-    ``chunk`` tokens (as commits arrive) unless not ``store_history`` (a shared store's
-    view of a request whose tokens it does not hold)."""
-    store = fc.new_store(12, 200)
+STRUCTURES = {
+    "compact": (fc, lambda: fc.new_store(12, 200)),
+    "trie": (ft, lambda: ft.new_store(12, 200, 401)),  # 2 nodes a token and the root
+}
+
+
+def _compact(docs, seq, D, k, factor, min_prob, chunk=3, store_history=True, structure="compact"):
+    """A structure's drafts (``compact`` or the path-compressed ``trie``): every document,
+    then the history in chunks of ``chunk`` tokens (as commits arrive) unless not
+    ``store_history`` (a shared store's view of a request whose tokens it does not hold)."""
+    mod, new_store = STRUCTURES[structure]
+    store = new_store()
     for d in [*docs, seq] if store_history else docs:
         d = np.asarray(d, np.int32)
-        start = fc.reserve(store, len(d))
+        start = mod.reserve(store, len(d))
         for a in range(0, len(d), chunk):
-            fc.append(*store, d, a, min(a + chunk, len(d)), start + a, D)
+            mod.append(*store, d, a, min(a + chunk, len(d)), start + a, D)
     hist = np.asarray(seq, np.int32)
     out, tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
-    t, _ = fc.propose(*store, hist, len(seq), D, k, factor, min_prob, out, tmp)
+    t, _ = mod.propose(*store, hist, len(seq), D, k, factor, min_prob, out, tmp)
     return out[:t].tolist()
 
 
+@pytest.mark.parametrize("structure", sorted(STRUCTURES))
 @pytest.mark.parametrize("seed", range(60))
-def test_frequency_compact_equals_brute_force(seed):
+def test_frequency_compact_equals_brute_force(seed, structure):
     """As the prototype's test, with small vocabularies (long repeats: leaves turn into
-    nodes, nodes reach D) and the history appended in chunks."""
+    nodes, nodes reach D, the trie splits nodes) and the history appended in chunks."""
     rng = np.random.default_rng(1000 + seed)
     case = _random_case(rng, 3, own_only=seed < 20)
-    assert _compact(*case, chunk=int(rng.integers(1, 5))) == _brute_force(*case)
+    chunk = int(rng.integers(1, 5))
+    assert _compact(*case, chunk=chunk, structure=structure) == _brute_force(*case)
 
 
-def test_frequency_compact_named_cases():
+@pytest.mark.parametrize("seed", range(40))
+def test_frequency_trie_equals_brute_force_on_long_repetitive_documents(seed):
+    """Documents of up to 60 tokens over 1-3 token ids, D up to 19: runs split at every
+    depth, pointers to split nodes are re-pointed, contexts end at document starts."""
+    rng = np.random.default_rng(2000 + seed)
+    V = int(rng.integers(1, 4))
+    docs = [rng.integers(0, V, int(rng.integers(1, 60))).tolist() for _ in range(seed % 4)]
+    seq = rng.integers(0, V, int(rng.integers(1, 80))).tolist()
+    D, k = int(rng.integers(1, 20)), int(rng.integers(1, 10))
+    case = (docs, seq, D, k, float(rng.choice([0.5, 1.0, 4.0])), float(rng.choice([0.0, 0.4])))
+    mod, store = ft, ft.new_store(12, 400, 801)
+    for d in [*docs, seq]:
+        d = np.asarray(d, np.int32)
+        start = mod.reserve(store, len(d))
+        for a in range(0, len(d), 3):
+            mod.append(*store, d, a, min(a + 3, len(d)), start + a, D)
+    out, tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
+    t, _ = ft.propose(*store, np.asarray(seq, np.int32), len(seq), D, k, *case[4:], out, tmp)
+    assert out[:t].tolist() == _brute_force(*case)
+    used = int(store[-1][2])
+    assert used <= 2 * sum(len(d) for d in [*docs, seq]) + 1  # two nodes a position at most
+    assert int(store[-1][1]) == used - 1  # one key a node but the root
+
+
+@pytest.mark.parametrize("structure", sorted(STRUCTURES))
+def test_frequency_compact_named_cases(structure):
+    _compact = functools.partial(globals()["_compact"], structure=structure)
     # a node's once-seen child is read on from its occurrence: [5, 6] (twice: the document
     # and the live history) -> 7 (1 of 2), then 8, 9 at the same running product
     assert _compact([[5, 6, 7, 8, 9]], [1, 5, 6], 8, 3, 4.0, 0.1) == [7, 8, 9]
@@ -164,6 +201,22 @@ def test_frequency_compact_refuses_appends_outside_the_reserved_tokens_and_a_ful
         fc.append(*store, seq, 0, 6, fc.reserve(store, 6), 4)
 
 
+def test_frequency_trie_refuses_appends_outside_the_reserved_tokens_and_a_full_store():
+    seq = np.arange(6, dtype=np.int32)
+    store = ft.new_store(12, 8, 20)
+    start = ft.reserve(store, 3)
+    with pytest.raises(ValueError, match="outside the reserved"):
+        ft.append(*store, seq, 0, 4, start, 4)
+    with pytest.raises(ValueError, match="token store is full"):
+        ft.reserve(store, 5)
+    store = ft.new_store(2, 16, 20)  # 4 slots: 3 keys at most
+    with pytest.raises(ValueError, match="3/4 full"):
+        ft.append(*store, seq, 0, 6, ft.reserve(store, 6), 4)
+    store = ft.new_store(12, 16, 4)  # the root and 3 nodes
+    with pytest.raises(ValueError, match="no node left"):
+        ft.append(*store, seq, 0, 6, ft.reserve(store, 6), 4)
+
+
 def test_suffix_memory_counts_nodes_and_leaves():
     from bench import suffix_memory
 
@@ -171,11 +224,24 @@ def test_suffix_memory_counts_nodes_and_leaves():
     # seen once at each other position: [3], [0], [0, 1], [0, 1, 2] (positions 0 and 1
     # have none: every context ending there is seen twice)
     docs = [np.asarray(d, np.int32) for d in ([1, 2, 3], [0, 1, 2])]
-    store, _ = suffix_memory.build(docs, 8)
-    assert suffix_memory.census(store) == (3, 4)
-    assert int(store[-1][1]) == 7
+    compact = suffix_memory.STRUCTURES["compact"]
+    store, _ = suffix_memory.build(docs, 8, compact)
+    assert compact.census(store) == (3, 4)
+    assert compact.entries(store) == 7
     # alone, every context of a document is seen once: a leaf per position
-    assert suffix_memory.per_document(docs, 8) == "1.00 / 1.00 / 1.00"
+    assert suffix_memory.per_document(docs, 8, compact) == "1.00 / 1.00 / 1.00"
+    # the trie (contexts read backwards): [1] (positions 0 and 5; position 0's contexts
+    # end there) and the run [2], [1, 2] (positions 1 and 6: same occurrences) are nodes
+    # of count 2; leaves [0, 1] (below [1]), [0, 1, 2] (below the run), [3] .. [1, 2, 3]
+    # (one run of depths 1-3) and [0]; best continuations: [1] -> the run [2] (its depth
+    # 2), the run -> [3]'s run, [0, 1] -> [0, 1, 2]
+    trie = suffix_memory.STRUCTURES["trie"]
+    store, _ = suffix_memory.build(docs, 8, trie)
+    assert trie.census(store) == (2, 4) and trie.entries(store) == 6
+    cnt, hi, par, pos, best = store[2][:, : int(store[-1][2])].tolist()
+    assert cnt == [0, 2, 2, 1, 1, 1, 1] and hi == [0, 1, 2, 3, 1, 2, 3]
+    assert par == [0, 0, 0, 0, 0, 1, 2] and pos == [0, 5, 6, 2, 4, 5, 6]
+    assert best == [-1, 2, 3, -1, 5, 6, -1]
 
 
 def test_a_full_prototype_table_raises():
@@ -270,14 +336,22 @@ def _stream(seed, count=6):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("factor", [0.5, 2.0])
-@pytest.mark.parametrize("other", ["adaptive with that one factor", "compact structure"])
+@pytest.mark.parametrize(
+    "other", ["adaptive with that one factor", "compact structure", "trie structure"]
+)
 def test_replays_exactly_as_the_prototype_at_that_factor(seed, factor, other):
     reqs = _stream(seed)
     n = sum(len(p) + len(o) for _, p, o in reqs)
-    for shared, store in [(False, "native"), (True, "native"), (True, "finished")]:
+    settings = [(False, "native"), (True, "native"), (True, "finished")]
+    if other == "trie structure":
+        # not the native store: its live responses sit in slots reserved at admission,
+        # so "latest by position" (the trie's tie rule) is not "latest counted"
+        settings.remove((True, "native"))
+    for shared, store in settings:
         fixed = suffix_replay.Frequency(shared, store, factor=factor, shared_positions=n)
-        if other == "compact structure":
-            d = suffix_replay.Compact(shared, store, factor=factor, shared_positions=n)
+        if other != "adaptive with that one factor":
+            cls = suffix_replay.Compact if other == "compact structure" else suffix_replay.Trie
+            d = cls(shared, store, factor=factor, shared_positions=n)
         else:
             d = suffix_replay.Adaptive(shared, store, factors=(factor,), shared_positions=n)
         want = suffix_replay.replay(reqs, fixed, batch=3, k=4)

@@ -1,0 +1,237 @@
+"""A path-compressed context trie for issue 19's frequency-scored drafting: a design prototype.
+
+NOT the op: a numba model of the structure ``bench/notes/suffix_drafting.md`` says the op
+needs, to measure its memory and check its drafts against the brute-force semantics
+before kernels are written. Same semantics and drafts as ``frequency_compact.py``, but a
+context seen twice no longer costs an entry per length: at most two entries a position.
+
+A store holds documents (token ids, ``SEP`` between them). The contexts ending at
+position ``p`` (``tokens[p-m+1 .. p]``, ``1 <= m <= D``, inside one document) read
+backwards are one root-to-leaf path of a trie keyed by prepending a token. A *node* is a
+maximal run of depths ``lo..hi`` along such a path whose contexts have the same
+occurrences (every occurrence of the depth-``d`` context is preceded by the same token, for
+``lo <= d < hi``); its edge tokens are read from the stored tokens at any occurrence
+(``tokens[pos - d + 1]`` at depth ``d``). All contexts of a node share one count and one
+set of continuations, so one entry stands for the whole run:
+
+- ``cnt``: occurrences (end positions), continued or not (the live tail counts);
+- ``hi``: its deepest depth (``lo`` is the parent's ``hi + 1``); ``par``: the parent;
+- ``pos``: the end of its latest occurrence (the largest store position);
+- ``best``: the node of its best continuation ``c + x`` (largest count, ties: the latest
+  occurrence); the continuations of the depths ``lo..hi`` are the depths ``lo+1..hi+1`` of
+  one node (their occurrences coincide), so one pointer serves the run. -1: none.
+
+A hash table maps ``(parent, first edge token)`` to a node. Appending position ``p``
+inserts its path (walk down comparing stored tokens; where it diverges inside a node,
+split the node: the new upper part takes the old key, the lower part keeps its id, so
+nothing else has to be re-keyed; then add a leaf) and then walks the path of ``p - 1``,
+whose contexts gained the continuation ``tokens[p]``, updating their ``best``: O(D)
+tokens compared per append, at most two new nodes. A pointer to a node whose upper depths a
+later split moved to a new node always belongs to a node on the splitting position's
+``p - 1`` path, and the new node counts one more occurrence than the old one, so the
+second walk re-points it (``bench/notes/suffix_drafting.md``). Append only:
+no eviction here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+SEP = -1
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_SHIFT = np.uint64(24)
+NODE_FIELDS = 5  # cnt, hi, par, pos, best (int32 each)
+BYTES_PER_NODE = 4 * NODE_FIELDS
+BYTES_PER_SLOT = 8 + 4  # key, node
+
+
+def log2_slots_for(nodes: int) -> int:
+    """log2 of the smallest power-of-two table that holds ``nodes`` keys at most 3/4 full."""
+    return max(12, math.ceil(math.log2(nodes * 4 / 3 + 1)))
+
+
+def new_store(log2_slots: int, max_tokens: int, max_nodes: int) -> tuple[np.ndarray, ...]:
+    """``(keys, vals, nodes, tokens, meta)``: ``nodes`` is int32 ``[5, max_nodes]`` (cnt,
+    hi, par, pos, best; node 0 is the root), ``meta = [tokens reserved, keys, nodes]``."""
+    cap = 1 << log2_slots
+    nodes = np.zeros((NODE_FIELDS, max_nodes), np.int32)
+    nodes[4, :] = -1
+    return (
+        np.zeros(cap, np.uint64),
+        np.zeros(cap, np.int32),
+        nodes,
+        np.full(max_tokens, SEP, np.int32),
+        np.array([0, 0, 1], np.int64),
+    )
+
+
+@numba.njit(cache=True, inline="always")
+def _key(parent, tok):
+    return (np.uint64(parent + 1) << np.uint64(32)) | np.uint64(tok + 1)
+
+
+@numba.njit(cache=True)
+def _find(keys, vals, parent, tok):
+    mask = np.uint64(keys.shape[0] - 1)
+    key = _key(parent, tok)
+    i = ((key * _MIX) >> _SHIFT) & mask
+    for _ in range(keys.shape[0]):
+        v = keys[i]
+        if v == key:
+            return np.int64(vals[i])
+        if v == 0:
+            return np.int64(-1)
+        i = (i + np.uint64(1)) & mask
+    return np.int64(-1)
+
+
+@numba.njit(cache=True)
+def _put(keys, vals, meta, parent, tok, node):
+    """Map ``(parent, tok)`` to ``node`` (insert, or overwrite the existing key)."""
+    mask = np.uint64(keys.shape[0] - 1)
+    key = _key(parent, tok)
+    i = ((key * _MIX) >> _SHIFT) & mask
+    for _ in range(keys.shape[0]):
+        v = keys[i]
+        if v == key:
+            vals[i] = node
+            return
+        if v == 0:
+            if 4 * (meta[1] + 1) > 3 * keys.shape[0]:
+                raise ValueError("frequency_trie: the table is 3/4 full")
+            keys[i], vals[i] = key, node
+            meta[1] += 1
+            return
+        i = (i + np.uint64(1)) & mask
+
+
+@numba.njit(cache=True)
+def _new_node(nodes, meta, cnt, hi, par, pos, best):
+    n = meta[2]
+    if n >= nodes.shape[1]:
+        raise ValueError("frequency_trie: no node left")
+    meta[2] += 1
+    nodes[0, n], nodes[1, n], nodes[2, n], nodes[3, n], nodes[4, n] = cnt, hi, par, pos, best
+    return n
+
+
+@numba.njit(cache=True)
+def _insert(keys, vals, nodes, toks, meta, p, Dp, path):
+    """Insert the path of position ``p`` (its ``Dp`` contexts); ``path[d]`` becomes the node
+    holding depth ``d`` (``1 <= d <= Dp``)."""
+    cnt, hi, par, pos = nodes[0], nodes[1], nodes[2], nodes[3]
+    node, depth = 0, 0
+    while depth < Dp:
+        t = toks[p - depth]
+        child = _find(keys, vals, node, t)
+        lo = depth + 1
+        if child < 0:  # a new leaf for the depths lo..Dp
+            leaf = _new_node(nodes, meta, 1, Dp, node, p, -1)
+            _put(keys, vals, meta, node, t, leaf)
+            path[lo : Dp + 1] = leaf
+            return
+        c_hi, c_pos = hi[child], pos[child]
+        d, lim = lo + 1, min(c_hi, Dp)
+        while d <= lim and toks[c_pos - d + 1] == toks[p - d + 1]:
+            d += 1
+        if d > c_hi:  # the whole run matches
+            cnt[child] += 1
+            pos[child] = max(c_pos, p)
+            path[lo : c_hi + 1] = child
+            node, depth = child, c_hi
+            continue
+        # p leaves the run at depth d (a different token, or its own contexts end): the
+        # upper part lo..d-1 becomes a new node under the old key; the child keeps its id
+        # (its children's keys and the pointers to it stay valid) and the depths d..c_hi
+        up = _new_node(nodes, meta, cnt[child] + 1, d - 1, node, max(c_pos, p), nodes[4, child])
+        _put(keys, vals, meta, node, t, up)
+        par[child] = up
+        _put(keys, vals, meta, up, toks[c_pos - d + 1], child)
+        path[lo:d] = up
+        if d <= Dp:
+            leaf = _new_node(nodes, meta, 1, Dp, up, p, -1)
+            _put(keys, vals, meta, up, toks[p - d + 1], leaf)
+            path[d : Dp + 1] = leaf
+        return
+
+
+@numba.njit(cache=True)
+def _append_position(keys, vals, nodes, toks, meta, p, D, path):
+    """Count the contexts that end at ``p`` (``toks[p]`` already stored)."""
+    Dp = 0
+    while Dp < D and p - Dp >= 0 and toks[p - Dp] != SEP:
+        Dp += 1
+    _insert(keys, vals, nodes, toks, meta, p, Dp, path)
+    # the contexts ending at p - 1 (depths 1..Dp-1) gained the continuation toks[p]
+    cnt, hi, pos, best = nodes[0], nodes[1], nodes[3], nodes[4]
+    node, depth = 0, 0
+    while depth < Dp - 1:
+        w = _find(keys, vals, node, toks[p - 1 - depth])
+        if w < 0:
+            raise ValueError("frequency_trie: the path of p - 1 is missing (a bug)")
+        x = path[depth + 2]  # the continuation of depth lo = depth + 1 is depth lo + 1
+        b = best[w]
+        if b != x and (b < 0 or cnt[x] > cnt[b] or (cnt[x] == cnt[b] and pos[x] >= pos[b])):
+            best[w] = x
+        node, depth = w, hi[w]
+
+
+def reserve(store: tuple[np.ndarray, ...], n: int) -> int:
+    """The start of ``n`` token slots for a new document (a ``SEP`` before it)."""
+    toks, meta = store[3], store[4]
+    start = int(meta[0]) + (1 if meta[0] > 0 else 0)
+    if start + n > toks.shape[0]:
+        raise ValueError("frequency_trie: the token store is full")
+    meta[0] = start + n
+    return start
+
+
+@numba.njit(cache=True)
+def append(keys, vals, nodes, toks, meta, src, a, b, dst, D):
+    """Store ``src[a:b]`` at ``toks[dst:]`` (inside one document's reserved slots, after its
+    earlier tokens) and count the contexts ending there."""
+    if dst < 0 or dst + (b - a) > meta[0]:
+        raise ValueError("frequency_trie: append outside the reserved tokens")
+    path = np.empty(D + 2, np.int64)
+    for i in range(a, b):
+        toks[dst + i - a] = src[i]
+        _append_position(keys, vals, nodes, toks, meta, dst + i - a, D, path)
+
+
+@numba.njit(cache=True)
+def propose(keys, vals, nodes, toks, meta, hist, L, D, k, factor, min_prob, out, tmp):
+    """The best-scoring draft for ``hist[:L]`` into ``out``: ``(length, score)``
+    (``frequency_prototype.propose``'s semantics)."""
+    cnt, hi, pos, best = nodes[0], nodes[1], nodes[3], nodes[4]
+    best_t, best_score = 0, 0.0
+    node = 0
+    for m in range(1, min(D, L)):
+        t_q = hist[L - m]
+        if m > hi[node]:
+            node = _find(keys, vals, node, t_q)
+            if node < 0:
+                break
+        elif toks[pos[node] - m + 1] != t_q:
+            break
+        if best[node] < 0:  # no continuation, so none for longer contexts either
+            break
+        max_len = min(k, int(m * factor + 1e-6), D - m)
+        n, prob, score, t = node, 1.0, 0.0, 0
+        while t < max_len:
+            x = best[n]
+            if x < 0:
+                break
+            prob *= cnt[x] / cnt[n]
+            if prob < min_prob:
+                break
+            tmp[t] = toks[pos[x]]
+            score += prob
+            t += 1
+            n = x
+        if t > 0 and score >= best_score:
+            best_t, best_score = t, score
+            out[:t] = tmp[:t]
+    return best_t, best_score
