@@ -141,11 +141,13 @@ def _append_position(keys, count, pos, best, best_slot, toks, meta, p, D):
 
 
 def reserve(store: tuple[np.ndarray, ...], n: int) -> int:
-    """The start of ``n`` token slots for a new document (a ``SEP`` before it)."""
-    toks, meta = store[5], store[6]
+    """The start of ``n`` token slots for a new document (a ``SEP`` before it). Any store
+    that ends with ``(tokens, meta)``, ``meta[0]`` the tokens reserved (``frequency_trie``'s
+    too)."""
+    toks, meta = store[-2], store[-1]
     start = int(meta[0]) + (1 if meta[0] > 0 else 0)
     if start + n > toks.shape[0]:
-        raise ValueError("frequency_compact: the token store is full")
+        raise ValueError("frequency store: the token store is full")
     meta[0] = start + n
     return start
 

@@ -40,6 +40,8 @@ import math
 import numba
 import numpy as np
 
+from bench.baselines.frequency_compact import reserve  # noqa: F401  (the same token store)
+
 SEP = -1
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _SHIFT = np.uint64(24)
@@ -74,38 +76,35 @@ def _key(parent, tok):
 
 
 @numba.njit(cache=True)
-def _find(keys, vals, parent, tok):
+def _probe(keys, key):
+    """The slot of ``key``, else the empty slot where it would go (linear probing; the
+    table is never more than 3/4 full, so one exists)."""
     mask = np.uint64(keys.shape[0] - 1)
-    key = _key(parent, tok)
     i = ((key * _MIX) >> _SHIFT) & mask
-    for _ in range(keys.shape[0]):
-        v = keys[i]
-        if v == key:
-            return np.int64(vals[i])
-        if v == 0:
-            return np.int64(-1)
+    while keys[i] != key and keys[i] != 0:
         i = (i + np.uint64(1)) & mask
-    return np.int64(-1)
+    return i
+
+
+@numba.njit(cache=True)
+def _find(keys, vals, parent, tok):
+    """The node under ``parent`` whose edge starts with ``tok``; -1: none."""
+    key = _key(parent, tok)
+    i = _probe(keys, key)
+    return np.int64(vals[i]) if keys[i] == key else np.int64(-1)
 
 
 @numba.njit(cache=True)
 def _put(keys, vals, meta, parent, tok, node):
     """Map ``(parent, tok)`` to ``node`` (insert, or overwrite the existing key)."""
-    mask = np.uint64(keys.shape[0] - 1)
     key = _key(parent, tok)
-    i = ((key * _MIX) >> _SHIFT) & mask
-    for _ in range(keys.shape[0]):
-        v = keys[i]
-        if v == key:
-            vals[i] = node
-            return
-        if v == 0:
-            if 4 * (meta[1] + 1) > 3 * keys.shape[0]:
-                raise ValueError("frequency_trie: the table is 3/4 full")
-            keys[i], vals[i] = key, node
-            meta[1] += 1
-            return
-        i = (i + np.uint64(1)) & mask
+    i = _probe(keys, key)
+    if keys[i] != key:
+        if 4 * (meta[1] + 1) > 3 * keys.shape[0]:
+            raise ValueError("frequency_trie: the table is 3/4 full")
+        keys[i] = key
+        meta[1] += 1
+    vals[i] = node
 
 
 @numba.njit(cache=True)
@@ -177,16 +176,6 @@ def _append_position(keys, vals, nodes, toks, meta, p, D, path):
         if b != x and (b < 0 or cnt[x] > cnt[b] or (cnt[x] == cnt[b] and pos[x] >= pos[b])):
             best[w] = x
         node, depth = w, hi[w]
-
-
-def reserve(store: tuple[np.ndarray, ...], n: int) -> int:
-    """The start of ``n`` token slots for a new document (a ``SEP`` before it)."""
-    toks, meta = store[3], store[4]
-    start = int(meta[0]) + (1 if meta[0] > 0 else 0)
-    if start + n > toks.shape[0]:
-        raise ValueError("frequency_trie: the token store is full")
-    meta[0] = start + n
-    return start
 
 
 @numba.njit(cache=True)
