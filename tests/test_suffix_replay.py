@@ -19,11 +19,12 @@ from bench.baselines import frequency_prototype as fp
 from bench.baselines import frequency_trie as ft
 
 
-def _brute_force(docs, seq, D, k, factor, min_prob):
+def _brute_force(docs, seq, D, k, factor, min_prob, history_stored=True):
     """The semantics by counting occurrences: contexts lie inside one document (``docs``
-    earlier documents, then ``seq``, the request's history); returns the drafts."""
+    earlier documents, then ``seq``, the request's history, unless not
+    ``history_stored``); returns the drafts."""
     L = len(seq)
-    all_docs = [list(d) for d in docs] + [list(seq)]
+    all_docs = [list(d) for d in docs] + ([list(seq)] if history_stored else [])
 
     def occurrences(c):  # (document, end position) of c, documents in append order
         m = len(c)
@@ -158,6 +159,34 @@ def test_frequency_trie_equals_brute_force_on_long_repetitive_documents(seed):
     assert int(store[-1][1]) == used - 1  # one key a node but the root
 
 
+@pytest.mark.parametrize("seed", range(120))
+def test_frequency_trie_breaks_ties_by_position_when_documents_grow_out_of_order(seed):
+    """Every document reserved first, then appended in chunks in a random order of
+    documents (live responses in a shared store): ties go to the latest *position*, i.e.
+    as if the documents had been appended whole in reservation order. 120 cases: a tie
+    whose order the append order inverts is rare (the "latest counted" rule fails ~10)."""
+    rng = np.random.default_rng(3000 + seed)
+    V = int(rng.integers(1, 4))
+    docs = [rng.integers(0, V, int(rng.integers(1, 25))).tolist() for _ in range(3)]
+    seq = rng.integers(0, V, int(rng.integers(1, 30))).tolist()
+    D, k = int(rng.integers(1, 9)), int(rng.integers(1, 6))
+    stored = seed % 2 == 0  # else a shared store's view of a request it does not hold
+    store = ft.new_store(12, 200, 401)
+    arrays = [np.asarray(d, np.int32) for d in [*docs, seq][: 4 if stored else 3]]
+    starts = [ft.reserve(store, len(d)) for d in arrays]
+    done = [0] * len(arrays)
+    while any(n < len(d) for n, d in zip(done, arrays, strict=True)):
+        i = int(rng.choice([j for j, d in enumerate(arrays) if done[j] < len(d)]))
+        b = min(len(arrays[i]), done[i] + int(rng.integers(1, 4)))
+        ft.append(*store, arrays[i], done[i], b, starts[i] + done[i], D)
+        done[i] = b
+    out, tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
+    factor, min_prob = float(rng.choice([1.0, 4.0])), float(rng.choice([0.0, 0.4]))
+    hist = np.asarray(seq, np.int32)
+    t, _ = ft.propose(*store, hist, len(seq), D, k, factor, min_prob, out, tmp)
+    assert out[:t].tolist() == _brute_force(docs, seq, D, k, factor, min_prob, stored)
+
+
 @pytest.mark.parametrize("structure", sorted(STRUCTURES))
 def test_frequency_compact_named_cases(structure):
     _compact = functools.partial(globals()["_compact"], structure=structure)
@@ -215,6 +244,11 @@ def test_frequency_trie_refuses_appends_outside_the_reserved_tokens_and_a_full_s
     store = ft.new_store(12, 16, 4)  # the root and 3 nodes
     with pytest.raises(ValueError, match="no node left"):
         ft.append(*store, seq, 0, 6, ft.reserve(store, 6), 4)
+    # refused before the position that does not fit is counted: the store stays whole
+    assert int(store[-1][2]) == 3 and store[2][0, 1:3].tolist() == [1, 1]
+    out = np.zeros(1, np.int32)
+    with pytest.raises(ValueError, match="min"):
+        ft.propose(*store, seq, 3, 4, 2, 4.0, 0.1, out, out)
 
 
 def test_suffix_memory_counts_nodes_and_leaves():

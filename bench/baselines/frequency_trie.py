@@ -18,8 +18,9 @@ set of continuations, so one entry stands for the whole run:
 - ``hi``: its deepest depth (``lo`` is the parent's ``hi + 1``); ``par``: the parent;
 - ``pos``: the end of its latest occurrence (the largest store position);
 - ``best``: the node of its best continuation ``c + x`` (largest count, ties: the latest
-  occurrence); the continuations of the depths ``lo..hi`` are the depths ``lo+1..hi+1`` of
-  one node (their occurrences coincide), so one pointer serves the run. -1: none.
+  occurrence); the continuations of the depths ``lo..hi`` (below D) are the depths
+  ``lo+1..hi+1`` of one node (their occurrences coincide), so one pointer serves the run.
+  -1: none.
 
 A hash table maps ``(parent, first edge token)`` to a node. Appending position ``p``
 inserts its path (walk down comparing stored tokens; where it diverges inside a node,
@@ -43,8 +44,8 @@ import numpy as np
 from bench.baselines.frequency_compact import reserve  # noqa: F401  (the same token store)
 
 SEP = -1
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-_SHIFT = np.uint64(24)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
 NODE_FIELDS = 5  # cnt, hi, par, pos, best (int32 each)
 BYTES_PER_NODE = 4 * NODE_FIELDS
 BYTES_PER_SLOT = 8 + 4  # key, node
@@ -80,7 +81,9 @@ def _probe(keys, key):
     """The slot of ``key``, else the empty slot where it would go (linear probing; the
     table is never more than 3/4 full, so one exists)."""
     mask = np.uint64(keys.shape[0] - 1)
-    i = ((key * _MIX) >> _SHIFT) & mask
+    h = (key ^ (key >> np.uint64(30))) * _M1  # splitmix64's finaliser: every key bit
+    h = (h ^ (h >> np.uint64(27))) * _M2  # reaches the slot's bits (a multiply and a
+    i = (h ^ (h >> np.uint64(31))) & mask  # shift alone kept the parent's high bits out)
     while keys[i] != key and keys[i] != 0:
         i = (i + np.uint64(1)) & mask
     return i
@@ -99,9 +102,7 @@ def _put(keys, vals, meta, parent, tok, node):
     """Map ``(parent, tok)`` to ``node`` (insert, or overwrite the existing key)."""
     key = _key(parent, tok)
     i = _probe(keys, key)
-    if keys[i] != key:
-        if 4 * (meta[1] + 1) > 3 * keys.shape[0]:
-            raise ValueError("frequency_trie: the table is 3/4 full")
+    if keys[i] != key:  # room checked by _append_position
         keys[i] = key
         meta[1] += 1
     vals[i] = node
@@ -109,9 +110,7 @@ def _put(keys, vals, meta, parent, tok, node):
 
 @numba.njit(cache=True)
 def _new_node(nodes, meta, cnt, hi, par, pos, best):
-    n = meta[2]
-    if n >= nodes.shape[1]:
-        raise ValueError("frequency_trie: no node left")
+    n = meta[2]  # room checked by _append_position
     meta[2] += 1
     nodes[0, n], nodes[1, n], nodes[2, n], nodes[3, n], nodes[4, n] = cnt, hi, par, pos, best
     return n
@@ -160,6 +159,11 @@ def _insert(keys, vals, nodes, toks, meta, p, Dp, path):
 @numba.njit(cache=True)
 def _append_position(keys, vals, nodes, toks, meta, p, D, path):
     """Count the contexts that end at ``p`` (``toks[p]`` already stored)."""
+    # a position adds two keys and two nodes at most: refuse before anything is written
+    if 4 * (meta[1] + 2) > 3 * keys.shape[0]:
+        raise ValueError("frequency_trie: the table is 3/4 full")
+    if meta[2] + 2 > nodes.shape[1]:
+        raise ValueError("frequency_trie: no node left")
     Dp = 0
     while Dp < D and p - Dp >= 0 and toks[p - Dp] != SEP:
         Dp += 1
@@ -180,8 +184,9 @@ def _append_position(keys, vals, nodes, toks, meta, p, D, path):
 
 @numba.njit(cache=True)
 def append(keys, vals, nodes, toks, meta, src, a, b, dst, D):
-    """Store ``src[a:b]`` at ``toks[dst:]`` (inside one document's reserved slots, after its
-    earlier tokens) and count the contexts ending there."""
+    """Store ``src[a:b]`` at ``toks[dst:]`` (inside one document's reserved slots, right
+    after its earlier tokens: not checked) and count the contexts ending there. A full
+    store raises before the position that would not fit is counted."""
     if dst < 0 or dst + (b - a) > meta[0]:
         raise ValueError("frequency_trie: append outside the reserved tokens")
     path = np.empty(D + 2, np.int64)
@@ -194,6 +199,8 @@ def append(keys, vals, nodes, toks, meta, src, a, b, dst, D):
 def propose(keys, vals, nodes, toks, meta, hist, L, D, k, factor, min_prob, out, tmp):
     """The best-scoring draft for ``hist[:L]`` into ``out``: ``(length, score)``
     (``frequency_prototype.propose``'s semantics)."""
+    if min(out.shape[0], tmp.shape[0]) < min(k, D):
+        raise ValueError("frequency_trie: out and tmp must hold min(k, D) tokens")
     cnt, hi, pos, best = nodes[0], nodes[1], nodes[3], nodes[4]
     best_t, best_score = 0, 0.0
     node = 0
