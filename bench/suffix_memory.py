@@ -101,7 +101,8 @@ class Trie(Structure):
     mod = ft
 
     def new(self, tokens, docs, depth, entries):
-        nodes = 2 * tokens + 2 if entries is None else entries + 1
+        # the root, the entries and the room for two more that an append checks first
+        nodes = 2 * tokens + 2 if entries is None else entries + 3
         return ft.new_store(ft.log2_slots_for(nodes), tokens + docs, nodes)
 
     def entries(self, store) -> int:
@@ -113,10 +114,10 @@ class Trie(Structure):
         return int((count >= 2).sum()), int((count == 1).sum())
 
     def nbytes(self, store, ideal):
-        nodes = self.entries(store) + 1
-        if ideal:
+        if ideal:  # the nodes used and a table exactly 3/4 full of their keys
+            nodes = self.entries(store) + 1
             return int(ft.BYTES_PER_SLOT * self.entries(store) * 4 / 3) + ft.BYTES_PER_NODE * nodes
-        return store[0].nbytes + store[1].nbytes + ft.BYTES_PER_NODE * nodes
+        return store[0].nbytes + store[1].nbytes + store[2].nbytes
 
 
 STRUCTURES = {"compact": Structure(), "trie": Trie()}

@@ -276,6 +276,12 @@ def test_suffix_memory_counts_nodes_and_leaves():
     assert cnt == [0, 2, 2, 1, 1, 1, 1] and hi == [0, 1, 2, 3, 1, 2, 3]
     assert par == [0, 0, 0, 0, 0, 1, 2] and pos == [0, 5, 6, 2, 4, 5, 6]
     assert best == [-1, 2, 3, -1, 5, 6, -1]
+    # sized by that count (as the benchmark sizes its timed builds), both build again
+    for structure in (compact, trie):
+        first, _ = suffix_memory.build(docs, 8, structure)
+        again, _ = suffix_memory.build(docs, 8, structure, structure.entries(first))
+        assert structure.census(again) == structure.census(first)
+        assert structure.nbytes(again, False) <= structure.nbytes(first, False)
 
 
 def test_a_full_prototype_table_raises():
