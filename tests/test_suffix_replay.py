@@ -163,16 +163,23 @@ def test_frequency_trie_equals_brute_force_on_long_repetitive_documents(seed):
 def test_frequency_trie_breaks_ties_by_position_when_documents_grow_out_of_order(seed):
     """Every document reserved first, then appended in chunks in a random order of
     documents (live responses in a shared store): ties go to the latest *position*, i.e.
-    as if the documents had been appended whole in reservation order. 120 cases: a tie
-    whose order the append order inverts is rare (the "latest counted" rule fails ~10)."""
+    as if the documents had been appended whole in reservation order."""
     rng = np.random.default_rng(3000 + seed)
     V = int(rng.integers(1, 4))
-    docs = [rng.integers(0, V, int(rng.integers(1, 25))).tolist() for _ in range(3)]
-    seq = rng.integers(0, V, int(rng.integers(1, 30))).tolist()
+    sizes = rng.choice([2, 6, 30], int(rng.integers(1, 7)))
+    docs = [rng.integers(0, V, int(rng.integers(1, n))).tolist() for n in sizes]
     D, k = int(rng.integers(1, 9)), int(rng.integers(1, 6))
     stored = seed % 2 == 0  # else a shared store's view of a request it does not hold
-    store = ft.new_store(12, 200, 401)
-    arrays = [np.asarray(d, np.int32) for d in [*docs, seq][: 4 if stored else 3]]
+    if stored:
+        seq = rng.integers(0, V, int(rng.integers(1, 30))).tolist()
+    else:  # a prefix of a stored document and a token or two: contexts that occur
+        d = docs[int(rng.integers(0, len(docs)))]
+        seq = (
+            d[: int(rng.integers(1, len(d) + 1))]
+            + rng.integers(0, V, int(rng.integers(0, 3))).tolist()
+        )
+    store = ft.new_store(12, 250, 501)
+    arrays = [np.asarray(d, np.int32) for d in [*docs, seq][: len(docs) + stored]]
     starts = [ft.reserve(store, len(d)) for d in arrays]
     done = [0] * len(arrays)
     while any(n < len(d) for n, d in zip(done, arrays, strict=True)):
@@ -185,6 +192,19 @@ def test_frequency_trie_breaks_ties_by_position_when_documents_grow_out_of_order
     hist = np.asarray(seq, np.int32)
     t, _ = ft.propose(*store, hist, len(seq), D, k, factor, min_prob, out, tmp)
     assert out[:t].tolist() == _brute_force(docs, seq, D, k, factor, min_prob, stored)
+    # every node's count and latest position, from the stored positions' paths
+    keys, vals, nodes, toks, meta = store
+    seen: dict[int, list[int]] = {}
+    for start, d in zip(starts, arrays, strict=True):
+        for p in range(start, start + len(d)):
+            node = 0
+            for m in range(1, min(D, p - start + 1) + 1):
+                if m > nodes[1, node]:
+                    node = int(ft._find(keys, vals, node, toks[p - m + 1]))
+                if m == nodes[1, node]:  # each node once per position: at its deepest depth
+                    seen.setdefault(node, []).append(p)
+    for node, ends in seen.items():
+        assert (nodes[0, node], nodes[3, node]) == (len(ends), max(ends))
 
 
 @pytest.mark.parametrize("structure", sorted(STRUCTURES))
