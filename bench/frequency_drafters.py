@@ -3,7 +3,8 @@
 :class:`Frequency` (the hash-table prototype, ``bench/baselines/frequency_prototype.py``),
 :class:`Compact` (the same drafts from the compact structure,
 ``bench/baselines/frequency_compact.py``), :class:`Trie` (the same from the path-compressed
-trie, ``bench/baselines/frequency_trie.py``) and :class:`Adaptive` (the prototype with its
+trie, ``bench/baselines/frequency_trie.py``), :class:`TrieBudget` (its corpus under a
+token budget) and :class:`Adaptive` (the prototype with its
 factor chosen per request online), with the replay's drafter interface: ``admit``,
 ``propose``, ``commit``, ``finish`` per slot.
 """
@@ -15,6 +16,7 @@ import numpy as np
 from bench.baselines import frequency_compact as fc
 from bench.baselines import frequency_prototype as fp
 from bench.baselines import frequency_trie as ft
+from bench.baselines.frequency_budget import BudgetCorpus
 
 
 class Frequency:
@@ -154,6 +156,29 @@ class Trie(Compact):
     def _new_store(self, positions: int, tokens: int):
         nodes = 2 * positions + 2  # a leaf and a split a position at most, and the root
         return ft.new_store(ft.log2_slots_for(nodes), tokens, nodes)
+
+
+class TrieBudget(Trie):
+    """:class:`Trie` with the finished store under a budget of ``budget`` slots
+    (``bench/baselines/frequency_budget.py``: eviction by amortised rebuilding)."""
+
+    stores = ("finished",)
+
+    def __init__(self, shared: bool, store: str, budget: int = 1 << 16, **kw):
+        super().__init__(False, store, **kw)
+        self.shared, self.corpus = shared, BudgetCorpus(budget, self.D) if shared else None
+
+    def propose(self, s, h, n, k):
+        draft, score = self._draft(self.own[s], h, n, k)
+        if self.shared:
+            t, other = self.corpus.propose(h, n, k, self.factor, 0.1, self.out, self.tmp)
+            draft = self.out[:t].tolist() if other > score else draft
+        return draft
+
+    def finish(self, s, h):
+        del self.own[s]
+        if self.shared:
+            self.corpus.add(h)
 
 
 def accepted(draft, h, n: int, n1: int) -> int:

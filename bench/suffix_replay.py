@@ -21,6 +21,7 @@ then every one commits. Reported: tokens per step (output tokens / decode steps)
   online among 0.5, 1, 2, 4 (:class:`Adaptive`);
 - ``compact``, ``trie`` (with ``--drafters``): the prototype's drafts from the compact
   structure and from the path-compressed trie (``bench/baselines/frequency_*.py``);
+  ``budget``: the trie with its finished store under each ``--corpus-budget``;
 
 each with its own history only and with earlier requests, in two store settings:
 ``native`` (SuffixDecoding's: every request's response, growing live) and ``finished``
@@ -43,7 +44,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.frequency_drafters import Adaptive, Compact, Frequency, Trie, accepted  # noqa: E402
+from bench.frequency_drafters import (  # noqa: E402
+    Adaptive,
+    Compact,
+    Frequency,
+    Trie,
+    TrieBudget,
+    accepted,
+)
 from bench.streams import BOTOCORE, botocore_requests  # noqa: E402
 from examples.corpus_replay import DEFAULT_COMMITS, git_requests, stdlib_requests  # noqa: E402
 
@@ -212,6 +220,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-output", type=int, default=2048)
     p.add_argument("--factors", type=float, nargs="+", default=[1.0, 4.0])
     p.add_argument("--drafters", default="longest,suffix,frequency", help="which to run")
+    p.add_argument(
+        "--corpus-budget", type=int, nargs="+", default=[1 << 16],
+        help="budget: the finished store's budgets in slots (tokens + one a document)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.stream == "stdlib":
@@ -224,7 +236,7 @@ def main(argv=None) -> int:
         reqs = git_requests(DEFAULT_COMMITS, args.max_output)
         name = f"code edits, git {DEFAULT_COMMITS}"
     chosen = set(args.drafters.split(","))
-    known = {"longest", "suffix", "frequency", "adaptive", "compact", "trie"}
+    known = {"longest", "suffix", "frequency", "adaptive", "compact", "trie", "budget"}
     if chosen - known:
         p.error(f"unknown drafters {sorted(chosen - known)}")
     drafters = [("longest", Longest, {})] if "longest" in chosen else []
@@ -247,6 +259,12 @@ def main(argv=None) -> int:
         drafters += [
             (f"trie f={f:g}", Trie, {"factor": f, "shared_positions": positions})
             for f in args.factors
+        ]
+    if "budget" in chosen:
+        drafters += [
+            (f"trie f={f:g} budget {b}", TrieBudget, {"factor": f, "budget": b})
+            for f in args.factors
+            for b in args.corpus_budget
         ]
     if "adaptive" in chosen:
         drafters.append(("frequency adaptive", Adaptive, {"shared_positions": positions}))

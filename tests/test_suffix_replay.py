@@ -490,3 +490,57 @@ def test_summary_divides_by_the_peers_best_factor_per_setting(tmp_path):
     assert worst == {"longest": 0.5, "frequency f=4": 0.25}
     assert lines[1].split() == ["longest", "0.500", "/", "n/a", "/", "0.500"]
     assert suffix_summary.summarize(suffix_summary.read([runs]), factors=4)[1] == {}
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_budget_corpus_keeps_the_newest_documents_exactly_within_its_budget(seed):
+    """Random documents (empty, short, longer than a piece, longer than the budget) into
+    a small budget: after every add the live pieces are the newest pieces in order, their
+    slots at most the budget, the cost at most (1 + work) appends per added slot, and the
+    drafts those of the brute force over exactly the live pieces."""
+    from bench.baselines.frequency_budget import BudgetCorpus
+
+    rng = np.random.default_rng(4000 + seed)
+    C, D, V = int(rng.choice([16, 24, 40, 64])), int(rng.integers(1, 8)), int(rng.integers(1, 4))
+    corpus, pieces, evicted = BudgetCorpus(C, D), [], False
+    for _ in range(int(rng.integers(1, 40))):
+        n = int(rng.choice([0, 1, 2, 5, 12, int(1.5 * C)]))
+        doc = rng.integers(0, V, n).astype(np.int32)
+        before = corpus.appended
+        corpus.add(doc)
+        new = [doc[a : a + corpus.max_piece].tolist() for a in range(0, n, corpus.max_piece)]
+        pieces += new
+        live = [p.tolist() for p in corpus.docs]
+        assert corpus.appended - before <= (1 + corpus.work) * (n + len(new))
+        assert corpus.size == sum(len(p) + 1 for p in live) <= C
+        assert live == pieces[len(pieces) - len(live) :] and (live or not new)
+        evicted |= len(live) < len(pieces)
+        d = live[int(rng.integers(0, len(live)))] if live else [0]
+        seq = d[: int(rng.integers(1, len(d) + 1))] or [0]  # a context that occurs
+        k, factor, min_prob = int(rng.integers(1, 6)), float(rng.choice([1.0, 4.0])), 0.0
+        out, tmp = np.zeros(D, np.int32), np.zeros(D, np.int32)
+        t, _ = corpus.propose(np.asarray(seq, np.int32), len(seq), k, factor, min_prob, out, tmp)
+        want = _brute_force(live, seq, D, k, factor, min_prob, history_stored=False)
+        assert out[:t].tolist() == want
+    assert evicted or sum(len(p) + 1 for p in pieces) <= C
+
+
+def test_budget_corpus_refuses_a_budget_too_small_for_its_slack():
+    from bench.baselines.frequency_budget import BudgetCorpus
+
+    with pytest.raises(ValueError, match="budget must be >= 16"):
+        BudgetCorpus(15, 4)
+    with pytest.raises(ValueError, match="slack"):
+        BudgetCorpus(64, 4, slack=0.25)
+    assert BudgetCorpus(16, 4).max_piece == 1
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_budget_above_the_stream_replays_exactly_as_the_unbounded_trie(seed):
+    reqs = _stream(seed)
+    n = sum(len(p) + len(o) for _, p, o in reqs)
+    want = suffix_replay.replay(reqs, suffix_replay.Trie(True, "finished"), batch=3, k=4)
+    budget = suffix_replay.TrieBudget(True, "finished", budget=8 * (n + len(reqs)))
+    assert suffix_replay.replay(reqs, budget, batch=3, k=4) == want
+    small = suffix_replay.TrieBudget(True, "finished", budget=64)  # evicts: fewer matches
+    assert suffix_replay.replay(reqs, small, batch=3, k=4) != want
