@@ -544,3 +544,37 @@ def test_a_budget_above_the_stream_replays_exactly_as_the_unbounded_trie(seed):
     assert suffix_replay.replay(reqs, budget, batch=3, k=4) == want
     small = suffix_replay.TrieBudget(True, "finished", budget=64)  # evicts: fewer matches
     assert suffix_replay.replay(reqs, small, batch=3, k=4) != want
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_frequency_trie_triton_prototype_equals_the_numba_trie_bit_for_bit(seed):
+    """Rows counted in two extends (admission, then a commit of 0-5 tokens), then one
+    proposal per row: every key, node and counter, the drafts, counts and float64 scores
+    equal the numba trie's of the same row."""
+    pytest.importorskip("triton")
+    import torch
+
+    from bench.baselines import frequency_trie_triton as T
+
+    rng = np.random.default_rng(5000 + seed)
+    R, L_max = int(rng.integers(1, 4)), int(rng.integers(1, 40))
+    D, V = int(rng.integers(1, 10)), int(rng.integers(1, 4))
+    tokens = torch.tensor(rng.integers(0, V, (R, L_max)), dtype=torch.int32)
+    n0 = torch.tensor(rng.integers(0, L_max + 1, R), dtype=torch.int32)
+    n1 = torch.clamp(n0 + torch.tensor(rng.integers(0, 6, R), dtype=torch.int32), max=L_max)
+    store = T.new_rows(R, L_max, D)
+    T.extend(tokens, torch.zeros(R, dtype=torch.int32), n0, store, D)
+    T.extend(tokens, n0, n1, store, D)
+    k, factor = int(rng.integers(0, 6)), float(rng.choice([0.5, 1.0, 4.0]))
+    min_prob = float(rng.choice([0.0, 0.1, 0.4]))
+    drafts, count, score = T.propose(tokens, n1, store, D, k, factor, min_prob)
+    for r in range(R):
+        row, n = tokens[r].numpy(), int(n1[r])
+        want = T.numba_row(row, n, L_max, D)
+        for got, ref in zip(store[:3], want[:3], strict=True):
+            assert np.array_equal(got[r].numpy(), ref)
+        assert store[3][r, 1:].tolist() == want[4][1:].tolist()
+        out, tmp = np.zeros(max(k, D), np.int32), np.zeros(max(k, D), np.int32)
+        t, s = ft.propose(*want, row, n, D, k, factor, min_prob, out, tmp)
+        assert (int(count[r]), float(score[r])) == (t, s)
+        assert drafts[r].tolist() == out[:t].tolist() + [-1] * (k - t)

@@ -44,8 +44,8 @@ import numpy as np
 from bench.baselines.frequency_compact import reserve  # noqa: F401  (the same token store)
 
 SEP = -1
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+_C0, _C1, _C2 = np.int64(0x9E3779B1), np.int64(0x85EBCA6B), np.int64(0xC2B2AE35)
+_LO32 = np.int64(0xFFFFFFFF)
 NODE_FIELDS = 5  # cnt, hi, par, pos, best (int32 each)
 BYTES_PER_NODE = 4 * NODE_FIELDS
 BYTES_PER_SLOT = 8 + 4  # key, node
@@ -63,7 +63,7 @@ def new_store(log2_slots: int, max_tokens: int, max_nodes: int) -> tuple[np.ndar
     nodes = np.zeros((NODE_FIELDS, max_nodes), np.int32)
     nodes[4, :] = -1
     return (
-        np.zeros(cap, np.uint64),
+        np.zeros(cap, np.int64),
         np.zeros(cap, np.int32),
         nodes,
         np.full(max_tokens, SEP, np.int32),
@@ -73,37 +73,46 @@ def new_store(log2_slots: int, max_tokens: int, max_nodes: int) -> tuple[np.ndar
 
 @numba.njit(cache=True, inline="always")
 def _key(parent, tok):
-    return (np.uint64(parent + 1) << np.uint64(32)) | np.uint64(tok + 1)
+    """A non-zero int64 (0 marks an empty slot): node ids and tokens are < 2**31 - 1."""
+    return (np.int64(parent + 1) << 32) | np.int64(tok + 1)
+
+
+@numba.njit(cache=True, inline="always")
+def _home(parent, tok, mask):
+    """The home slot of ``(parent, tok)``: a 32-bit murmur3-style mix in int64 lanes
+    (products wrap; only their low 32 bits are kept), the same integers in a Triton
+    kernel (``frequency_trie_triton.py``)."""
+    h = (np.int64(parent + 1) * _C0 + np.int64(tok + 1)) & _LO32
+    h = ((h ^ (h >> 16)) * _C1) & _LO32
+    h = ((h ^ (h >> 13)) * _C2) & _LO32
+    return (h ^ (h >> 16)) & mask
 
 
 @numba.njit(cache=True)
-def _probe(keys, key):
-    """The slot of ``key``, else the empty slot where it would go (linear probing; the
-    table is never more than 3/4 full, so one exists)."""
-    mask = np.uint64(keys.shape[0] - 1)
-    h = (key ^ (key >> np.uint64(30))) * _M1  # splitmix64's finaliser: every key bit
-    h = (h ^ (h >> np.uint64(27))) * _M2  # reaches the slot's bits (a multiply and a
-    i = (h ^ (h >> np.uint64(31))) & mask  # shift alone kept the parent's high bits out)
+def _probe(keys, parent, tok):
+    """The slot of ``(parent, tok)``'s key, else the empty slot where it would go (linear
+    probing; the table is never more than 3/4 full, so one exists)."""
+    key = _key(parent, tok)
+    mask = np.int64(keys.shape[0] - 1)
+    i = _home(parent, tok, mask)
     while keys[i] != key and keys[i] != 0:
-        i = (i + np.uint64(1)) & mask
+        i = (i + 1) & mask
     return i
 
 
 @numba.njit(cache=True)
 def _find(keys, vals, parent, tok):
     """The node under ``parent`` whose edge starts with ``tok``; -1: none."""
-    key = _key(parent, tok)
-    i = _probe(keys, key)
-    return np.int64(vals[i]) if keys[i] == key else np.int64(-1)
+    i = _probe(keys, parent, tok)
+    return np.int64(vals[i]) if keys[i] == _key(parent, tok) else np.int64(-1)
 
 
 @numba.njit(cache=True)
 def _put(keys, vals, meta, parent, tok, node):
     """Map ``(parent, tok)`` to ``node`` (insert, or overwrite the existing key)."""
-    key = _key(parent, tok)
-    i = _probe(keys, key)
-    if keys[i] != key:  # room checked by _append_position
-        keys[i] = key
+    i = _probe(keys, parent, tok)
+    if keys[i] == 0:  # room checked by _append_position
+        keys[i] = _key(parent, tok)
         meta[1] += 1
     vals[i] = node
 
