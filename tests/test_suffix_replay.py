@@ -503,7 +503,9 @@ def test_budget_corpus_keeps_the_newest_documents_exactly_within_its_budget(seed
     rng = np.random.default_rng(4000 + seed)
     C, D, V = int(rng.choice([16, 24, 40, 64])), int(rng.integers(1, 8)), int(rng.integers(1, 4))
     corpus, pieces, evicted = BudgetCorpus(C, D), [], False
+    r = corpus.r
     for _ in range(int(rng.integers(1, 40))):
+        gone = len(pieces) - len(corpus.docs)
         n = int(rng.choice([0, 1, 2, 5, 12, int(1.5 * C)]))
         doc = rng.integers(0, V, n).astype(np.int32)
         before = corpus.appended
@@ -514,6 +516,8 @@ def test_budget_corpus_keeps_the_newest_documents_exactly_within_its_budget(seed
         assert corpus.appended - before <= (1 + corpus.work) * (n + len(new))
         assert corpus.size == sum(len(p) + 1 for p in live) <= C
         assert live == pieces[len(pieces) - len(live) :] and (live or not new)
+        if len(pieces) - len(live) > gone and len(new) == 1:  # this piece made the switch
+            assert (1 - 4 * r) * C <= corpus.size <= (1 - r) * C
         evicted |= len(live) < len(pieces)
         d = live[int(rng.integers(0, len(live)))] if live else [0]
         seq = d[: int(rng.integers(1, len(d) + 1))] or [0]  # a context that occurs
@@ -546,11 +550,11 @@ def test_a_budget_above_the_stream_replays_exactly_as_the_unbounded_trie(seed):
     assert suffix_replay.replay(reqs, small, batch=3, k=4) != want
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_frequency_trie_triton_prototype_equals_the_numba_trie_bit_for_bit(seed):
+@pytest.mark.parametrize("seed", range(18))
+def test_frequency_trie_triton_prototype_equals_the_numba_trie_bit_for_bit(seed, kernel_device):
     """Rows counted in two extends (admission, then a commit of 0-5 tokens), then one
-    proposal per row: every key, node and counter, the drafts, counts and float64 scores
-    equal the numba trie's of the same row."""
+    proposal per row (k up to 2 D + 1, factors up to 50): every key, node and counter, the
+    drafts, counts and float64 scores equal the numba trie's of the same row."""
     pytest.importorskip("triton")
     import torch
 
@@ -559,15 +563,22 @@ def test_frequency_trie_triton_prototype_equals_the_numba_trie_bit_for_bit(seed)
     rng = np.random.default_rng(5000 + seed)
     R, L_max = int(rng.integers(1, 4)), int(rng.integers(1, 40))
     D, V = int(rng.integers(1, 10)), int(rng.integers(1, 4))
-    tokens = torch.tensor(rng.integers(0, V, (R, L_max)), dtype=torch.int32)
-    n0 = torch.tensor(rng.integers(0, L_max + 1, R), dtype=torch.int32)
-    n1 = torch.clamp(n0 + torch.tensor(rng.integers(0, 6, R), dtype=torch.int32), max=L_max)
-    store = T.new_rows(R, L_max, D)
-    T.extend(tokens, torch.zeros(R, dtype=torch.int32), n0, store, D)
+    rows = rng.integers(0, V, (R, L_max))
+    if seed % 3 == 0:  # periodic rows: runs that reach depth D, chains that could pass it
+        period = rng.integers(0, V + 1, (R, int(rng.integers(1, 4))))
+        rows = np.tile(period, (1, L_max))[:, :L_max]
+    dev = kernel_device
+    tokens = torch.tensor(rows, dtype=torch.int32, device=dev)
+    n0 = torch.tensor(rng.integers(0, L_max + 1, R), dtype=torch.int32, device=dev)
+    n1 = torch.clamp(n0 + torch.tensor(rng.integers(0, 6, R), dtype=torch.int32, device=dev),
+                     max=L_max)  # fmt: skip
+    store = T.new_rows(R, L_max, D, device=dev)
+    T.extend(tokens, torch.zeros_like(n0), n0, store, D)
     T.extend(tokens, n0, n1, store, D)
-    k, factor = int(rng.integers(0, 6)), float(rng.choice([0.5, 1.0, 4.0]))
+    k, factor = int(rng.integers(0, 2 * D + 2)), float(rng.choice([0.5, 1.0, 4.0, 50.0]))
     min_prob = float(rng.choice([0.0, 0.1, 0.4]))
-    drafts, count, score = T.propose(tokens, n1, store, D, k, factor, min_prob)
+    drafts, count, score = (t.cpu() for t in T.propose(tokens, n1, store, D, k, factor, min_prob))
+    tokens, n1, store = tokens.cpu(), n1.cpu(), [t.cpu() for t in store]
     for r in range(R):
         row, n = tokens[r].numpy(), int(n1[r])
         want = T.numba_row(row, n, L_max, D)
@@ -578,3 +589,16 @@ def test_frequency_trie_triton_prototype_equals_the_numba_trie_bit_for_bit(seed)
         t, s = ft.propose(*want, row, n, D, k, factor, min_prob, out, tmp)
         assert (int(count[r]), float(score[r])) == (t, s)
         assert drafts[r].tolist() == out[:t].tolist() + [-1] * (k - t)
+
+
+def test_budget_corpus_keeps_its_own_copy_of_each_document():
+    """An engine reuses its token buffers: a rebuild must count what was added."""
+    from bench.baselines.frequency_budget import BudgetCorpus
+
+    corpus, buf = BudgetCorpus(16, 4), np.zeros(1, np.int32)
+    for t in [2, 9, 9, 9, 9, 9, 9, 9]:  # 8 one-token documents of 2 slots: past 3/4 of 16
+        buf[0] = t
+        corpus.add(buf)
+    buf[0] = 5
+    assert [p.tolist() for p in corpus.docs][-3:] == [[9], [9], [9]]
+    assert all(p.tolist() != [5] for p in corpus.docs)

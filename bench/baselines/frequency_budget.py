@@ -13,10 +13,13 @@ counting them, then every document added after them, ``work`` positions per adde
 becomes the active trie: the older documents leave the counts then, all at once and
 exactly, oldest first. Sizes count a document's tokens plus one separator. So:
 
-- the live size never exceeds ``C`` (proof in :meth:`BudgetCorpus.add`'s comments), and
-  after an eviction it is at most ``(1 - r) C``;
-- adding ``n`` tokens costs at most ``(1 + work) n`` trie appends (O(D) each); nothing
-  else ever does work, so evicting even a huge document costs nothing at its eviction;
+- the live size never exceeds ``C`` (proof in ``_add_piece``'s comments); right after an
+  eviction it is between ``(1 - 4r) C`` and ``(1 - r) C``;
+- adding ``n`` tokens in ``p`` pieces costs at most ``(1 + work)(n + p)`` trie appends
+  (O(D) each); evicting even a huge document costs no appends at its eviction. Not
+  counted there: allocating the second trie when a rebuild starts and the O(pieces)
+  bookkeeping at its start and at the switch (a device version would clear the retired
+  trie over the next calls instead of at once);
 - memory: two tries for ``C`` slots each (the trie's bound: two nodes a position);
 - a document longer than ``r C - 1`` tokens enters as consecutive pieces of at most that
   length (no context crosses a piece boundary), so a huge one is kept by its newest
@@ -55,7 +58,7 @@ class BudgetCorpus:
     def add(self, doc: np.ndarray) -> None:
         """Add a finished document (int32 tokens), as pieces of at most ``max_piece``."""
         for a in range(0, doc.shape[0], self.max_piece):
-            self._add_piece(np.ascontiguousarray(doc[a : a + self.max_piece], np.int32))
+            self._add_piece(np.array(doc[a : a + self.max_piece], np.int32))  # a copy
 
     def _add_piece(self, piece: np.ndarray) -> None:
         n = piece.shape[0] + 1
@@ -69,10 +72,11 @@ class BudgetCorpus:
                 self._maybe_rebuild()
                 return
         # The live size stays <= C: a rebuild starts as soon as it passes (1 - 2r) C, so
-        # (a piece is <= r C slots) at <= (1 - r) C; the new trie has <= (1 - 3r) C slots
-        # of survivors to count and counts `work` slots per slot added, so it catches up
-        # within (1 - 3r) C / (work - 1) <= r C added slots (the piece that completes it
-        # included), before the size can pass C; it then holds <= (1 - r) C.
+        # (a piece is <= r C slots) at <= (1 - r) C; the new trie has S <= (1 - 3r) C slots
+        # of survivors and counts `work` slots per slot added, so while it has not caught
+        # up the slots added since the start (this piece included) are < S / (work - 1)
+        # <= r C: the old trie never passes C. The piece that completes the new trie never
+        # enters the old one, and the new one then holds < S + r C + r C <= (1 - r) C.
         start = ft.reserve(self.active, piece.shape[0])
         self._append(self.active, piece, 0, piece.shape[0], start)
         self.docs.append(piece)

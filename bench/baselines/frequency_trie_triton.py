@@ -10,6 +10,8 @@ or proposes from its history. Scalar loops only; ``while`` loops carry flags ins
 ``break`` (which the GPU compiler refuses). The proposal launches with
 ``enable_fp_fusion=False`` (``m * factor + 1e-6`` must round twice, as in numba) and takes
 ``factor`` and ``min_token_prob`` as float64 (a Python float argument would be float32).
+Both launch with one warp: the code is scalar, and with more warps every thread would run
+the loops and read back what thread 0 alone stores, unsynchronised.
 
 Shapes: ``keys`` int64 ``[R, S]`` and ``vals`` int32 ``[R, S]`` (S a power of two),
 ``nodes`` int32 ``[R, 5, N]`` (cnt, hi, par, pos, best; node 0 the root), ``meta`` int64
@@ -242,7 +244,19 @@ def extend(token_ids, start, end, store, D: int) -> None:
     keys, vals, nodes, meta, path = store
     R, S = keys.shape
     _extend_kernel[(R,)](token_ids, token_ids.stride(0), start, end, keys, vals, nodes, meta,
-                         path, S, nodes.shape[2], D)  # fmt: skip
+                         path, S, nodes.shape[2], D, num_warps=1)  # fmt: skip
+
+
+_PARAMS: dict[tuple, torch.Tensor] = {}
+
+
+def _params(factor: float, min_prob: float, device) -> torch.Tensor:
+    """float64 ``[factor, min_prob]`` on ``device``, made once (a fresh one would copy from
+    the host on every call)."""
+    key = (factor, min_prob, str(device))
+    if key not in _PARAMS:
+        _PARAMS[key] = torch.tensor([factor, min_prob], dtype=torch.float64, device=device)
+    return _PARAMS[key]
 
 
 def propose(token_ids, num_tokens, store, D: int, k: int, factor: float, min_prob: float):
@@ -253,10 +267,9 @@ def propose(token_ids, num_tokens, store, D: int, k: int, factor: float, min_pro
     tmp = torch.empty_like(out)
     count = torch.zeros(R, dtype=torch.int32, device=keys.device)
     score = torch.zeros(R, dtype=torch.float64, device=keys.device)
-    param = torch.tensor([factor, min_prob], dtype=torch.float64, device=keys.device)
     _propose_kernel[(R,)](token_ids, token_ids.stride(0), num_tokens, keys, vals, nodes, out,
-                          tmp, count, score, param, S, nodes.shape[2], D, k,
-                          enable_fp_fusion=False)  # fmt: skip
+                          tmp, count, score, _params(factor, min_prob, keys.device), S,
+                          nodes.shape[2], D, k, num_warps=1, enable_fp_fusion=False)  # fmt: skip
     drafts = out[:, :k].clone()
     cols = torch.arange(k, device=keys.device)
     drafts[cols[None, :] >= count[:, None]] = -1
