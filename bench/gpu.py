@@ -214,7 +214,10 @@ def render(rows: Rows, *, gpu: str, copy_bw: float, elapsed: float, argv) -> str
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu")
     p.add_argument("--quick", action="store_true", help="a few small shapes")
-    p.add_argument("--only", default="ngram,rejection,bookkeeping,ngram_index,processing,logprobs")
+    p.add_argument(
+        "--only",
+        default="ngram,rejection,bookkeeping,ngram_index,processing,logprobs,frequency_trie",
+    )
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
@@ -270,6 +273,11 @@ def main(argv=None) -> int:
 
             specs = cases_logprobs.QUICK_SPECS if args.quick else cases_logprobs.SPECS
             C.bench_logprobs(rows, specs)
+            write("stopped after top_logprobs")
+        if "frequency_trie" in fams:  # issue 19's design prototype, not an op
+            from bench import gpu_frequency as F
+
+            F.bench_frequency_trie(rows, F.QUICK_SPECS if args.quick else F.SPECS)
     except KeyboardInterrupt:  # gpu_check.sh's time limit sends SIGINT: keep what we have
         write("interrupted by the time limit")
         print(f"interrupted; partial results in {path}", file=sys.stderr)
