@@ -245,21 +245,12 @@ def main(argv=None) -> int:
         sys.path.append(peer)
         drafters += [(f"suffix f={f:g}", Suffix, {"factor": f}) for f in args.factors]
     positions = sum(len(prompt) + len(out) for _, prompt, out in reqs)
-    if "frequency" in chosen:
-        drafters += [
-            (f"frequency f={f:g}", Frequency, {"factor": f, "shared_positions": positions})
-            for f in args.factors
-        ]
-    if "compact" in chosen:
-        drafters += [
-            (f"compact f={f:g}", Compact, {"factor": f, "shared_positions": positions})
-            for f in args.factors
-        ]
-    if "trie" in chosen:
-        drafters += [
-            (f"trie f={f:g}", Trie, {"factor": f, "shared_positions": positions})
-            for f in args.factors
-        ]
+    for label, cls in (("frequency", Frequency), ("compact", Compact), ("trie", Trie)):
+        if label in chosen:  # the same drafts from three structures, at every factor
+            drafters += [
+                (f"{label} f={f:g}", cls, {"factor": f, "shared_positions": positions})
+                for f in args.factors
+            ]
     if "budget" in chosen:
         drafters += [
             (f"trie f={f:g} budget {b}", TrieBudget, {"factor": f, "budget": b})
