@@ -154,8 +154,7 @@ class Trie(Compact):
     mod = ft
 
     def _new_store(self, positions: int, tokens: int):
-        nodes = 2 * positions + 2  # a leaf and a split a position at most, and the root
-        return ft.new_store(ft.log2_slots_for(nodes), tokens, nodes)
+        return ft.store_for(positions, tokens)
 
 
 class TrieBudget(Trie):

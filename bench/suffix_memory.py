@@ -101,8 +101,9 @@ class Trie(Structure):
     mod = ft
 
     def new(self, tokens, docs, depth, entries):
-        # the root, the entries and the room for two more that an append checks first
-        nodes = 2 * tokens + 2 if entries is None else entries + 3
+        if entries is None:
+            return ft.store_for(tokens, tokens + docs)
+        nodes = entries + 3  # the root, the entries, the two an append checks for
         return ft.new_store(ft.log2_slots_for(nodes), tokens + docs, nodes)
 
     def entries(self, store) -> int:

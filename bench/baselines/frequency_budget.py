@@ -52,8 +52,7 @@ class BudgetCorpus:
         self.appended = 0  # trie appends so far (the cost bound's test reads it)
 
     def _new(self):
-        nodes = 2 * self.C + 3  # two a position, the root, an append's room
-        return ft.new_store(ft.log2_slots_for(nodes), self.C, nodes)
+        return ft.store_for(self.C, self.C)
 
     def add(self, doc: np.ndarray) -> None:
         """Add a finished document (int32 tokens), as pieces of at most ``max_piece``."""

@@ -56,6 +56,18 @@ def log2_slots_for(nodes: int) -> int:
     return max(12, math.ceil(math.log2(nodes * 4 / 3 + 1)))
 
 
+def nodes_for(positions: int) -> int:
+    """Nodes that ``positions`` counted positions can need: two a position, the root, and
+    the two an append checks for before it counts a position."""
+    return 2 * positions + 3
+
+
+def store_for(positions: int, max_tokens: int) -> tuple[np.ndarray, ...]:
+    """:func:`new_store` that can never run out of nodes or slots for ``positions``."""
+    nodes = nodes_for(positions)
+    return new_store(log2_slots_for(nodes), max_tokens, nodes)
+
+
 def new_store(log2_slots: int, max_tokens: int, max_nodes: int) -> tuple[np.ndarray, ...]:
     """``(keys, vals, nodes, tokens, meta)``: ``nodes`` is int32 ``[5, max_nodes]`` (cnt,
     hi, par, pos, best; node 0 is the root), ``meta = [tokens reserved, keys, nodes]``."""

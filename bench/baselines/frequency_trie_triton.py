@@ -228,7 +228,7 @@ def _propose_kernel(tok_ptr, tok_stride, len_ptr, keys_ptr, vals_ptr, nodes_ptr,
 def new_rows(R: int, L_max: int, D: int, device="cpu") -> tuple[torch.Tensor, ...]:
     """Empty stores for ``R`` rows of up to ``L_max`` tokens: ``(keys, vals, nodes, meta,
     path)``, sized so that a row never runs out of room."""
-    N = 2 * L_max + 3
+    N = ft.nodes_for(L_max)
     S = 1 << ft.log2_slots_for(N)
     nodes = torch.zeros((R, 5, N), dtype=torch.int32, device=device)
     nodes[:, 4] = -1
@@ -270,16 +270,16 @@ def propose(token_ids, num_tokens, store, D: int, k: int, factor: float, min_pro
     _propose_kernel[(R,)](token_ids, token_ids.stride(0), num_tokens, keys, vals, nodes, out,
                           tmp, count, score, _params(factor, min_prob, keys.device), S,
                           nodes.shape[2], D, k, num_warps=1, enable_fp_fusion=False)  # fmt: skip
-    drafts = out[:, :k].clone()
+    # a shorter chain that won later leaves an older one's tail in out: pad past the count
+    # (torch.where: a boolean-mask assignment would synchronise with the host)
     cols = torch.arange(k, device=keys.device)
-    drafts[cols[None, :] >= count[:, None]] = -1
+    drafts = torch.where(cols[None, :] < count[:, None], out[:, :k], -1)
     return drafts, count, score
 
 
 def numba_row(tokens: np.ndarray, n: int, L_max: int, D: int):
     """The numba trie of ``tokens[:n]`` sized as :func:`new_rows`' rows (to compare)."""
-    N = 2 * L_max + 3
-    store = ft.new_store(ft.log2_slots_for(N), L_max, N)
+    store = ft.store_for(L_max, L_max)
     start = ft.reserve(store, L_max)
     if n:
         ft.append(*store, tokens, 0, n, start, D)
