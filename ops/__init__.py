@@ -15,8 +15,9 @@ from specdec_kernels.ops.draft_plan import (
     plan_draft_lengths,
     update_acceptance_stats,
 )
+from specdec_kernels.ops.frequency import FrequencyIndex
 from specdec_kernels.ops.logprobs import TopLogprobs, top_logprobs
-from specdec_kernels.ops.ngram import NgramProposal, ngram_propose
+from specdec_kernels.ops.ngram import FrequencyProposal, NgramProposal, ngram_propose
 from specdec_kernels.ops.ngram_index import (
     NgramIndex,
     new_ngram_index,
@@ -38,6 +39,8 @@ __all__ = [
     "Corpus",
     "NgramIndex",
     "DraftPlan",
+    "FrequencyIndex",
+    "FrequencyProposal",
     "NgramProposal",
     "RejectionOutput",
     "TopLogprobs",

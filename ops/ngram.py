@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from specdec_kernels.constants import TIE_BREAKS
+from specdec_kernels.constants import SCORINGS, TIE_BREAKS
 from specdec_kernels.cpu import ngram as _cpu
 from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._validation import (
@@ -27,6 +27,7 @@ from specdec_kernels.ops._validation import (
     should_check_values,
 )
 from specdec_kernels.ops.corpus import Corpus, check_corpus
+from specdec_kernels.ops.frequency import FrequencyIndex, check_proposal_args
 from specdec_kernels.ops.ngram_index import NgramIndex, check_index
 
 
@@ -43,6 +44,24 @@ class NgramProposal(NamedTuple):
     draft_source: torch.Tensor
     """int8 ``[B]``: where the drafts come from: ``DRAFT_SOURCE_NONE`` (0, no drafts),
     ``DRAFT_SOURCE_OWN`` (1, the request's own history), ``DRAFT_SOURCE_CORPUS`` (2)."""
+
+
+class FrequencyProposal(NamedTuple):
+    """Draft tokens proposed by :func:`ngram_propose` with ``scoring="frequency"``: the
+    fields of :class:`NgramProposal`, then ``draft_probs``."""
+
+    draft_token_ids: torch.Tensor
+    """int32 ``[B, k]``, as :class:`NgramProposal`'s."""
+    num_draft_tokens: torch.Tensor
+    """int32 ``[B]``, as :class:`NgramProposal`'s."""
+    match_len: torch.Tensor
+    """int32 ``[B]``: the length ``m`` of the context whose chain won, 0 without drafts."""
+    draft_source: torch.Tensor
+    """int8 ``[B]``: ``DRAFT_SOURCE_OWN`` (1) where the row got drafts, else 0."""
+    draft_probs: torch.Tensor
+    """float32 ``[B, k]``: each draft's running probability (the product of its chain's
+    ``count(c + x) / count(c)`` ratios: an estimate of the chance that it and every draft
+    before it are accepted), 0 past the drafts."""
 
 
 def _fake(
@@ -90,10 +109,14 @@ def ngram_propose(
     max_model_len: int | None = None,
     max_draft_tokens: torch.Tensor | None = None,
     tie_break: str = "first",
-    index: NgramIndex | None = None,
+    index: NgramIndex | FrequencyIndex | None = None,
     corpus: Corpus | None = None,
+    scoring: str = "longest",
+    min_token_prob: float | None = None,
+    max_spec_factor: float | None = None,
+    max_spec_offset: float | None = None,
     validate: bool | None = None,
-) -> NgramProposal:
+) -> NgramProposal | FrequencyProposal:
     """Propose draft tokens by matching each request's newest n-gram against its history
     (and the shared corpus): prompt lookup decoding (Saxena, 2023), vLLM's n-gram proposer.
 
@@ -103,6 +126,10 @@ def ngram_propose(
     an index every history is scanned; with one, one table lookup per request and n gives
     the same drafts. No host synchronisation, static shapes
     (``torch.ops.specdec.ngram_propose``). Contract: ``docs/design.md``, "``ngram_propose``".
+
+    ``scoring="frequency"`` (SuffixDecoding's rule, ``torch.ops.specdec.frequency_propose``)
+    counts instead: per context length, the chain of most frequent continuations; the
+    best-scoring chain wins. Contract: ``docs/design.md``, "Frequency-scored drafting".
 
     Parameters
     ----------
@@ -125,28 +152,38 @@ def ngram_propose(
         int32 ``[B]``, a per-request cap on the drafts; 0 disables the row.
     tie_break : {"first", "last"}
         Which own-history start of the winning n gives the drafts.
-    index : NgramIndex, optional
+    index : NgramIndex or FrequencyIndex, optional
         The own-history index of ``token_ids`` (``new_ngram_index``), up to date:
-        ``index.length == num_tokens`` for the batch rows. None: scan the histories.
+        ``index.length == num_tokens`` for the batch rows. None: scan the histories. A
+        ``FrequencyIndex`` (required) with ``scoring="frequency"``.
     corpus : Corpus, optional
         The shared corpus (``new_corpus``) to draft from too. None: own history only.
+        ``"longest"`` only, for now.
+    scoring : {"longest", "frequency"}
+        The rule above; ``"longest"`` is vLLM's.
+    min_token_prob, max_spec_factor, max_spec_offset : float, optional
+        ``"frequency"`` only: the chain's stop rules (defaults 0.1, 1.0, 0.0, as
+        SuffixDecoding's); ``min_token_prob`` in ``[0, 1]``, the others ``>= 0``.
     validate : bool, optional
         Run the value checks (see Raises). Default: only for CPU tensors; never while
         compiling or capturing a CUDA graph.
 
     Returns
     -------
-    NgramProposal
+    NgramProposal or FrequencyProposal
         ``draft_token_ids`` int32 ``[B, k]`` (-1 padded), ``num_draft_tokens`` int32
         ``[B]``, ``match_len`` int32 ``[B]`` (the winning n, 0 without drafts),
-        ``draft_source`` int8 ``[B]`` (0 none, 1 own history, 2 corpus).
+        ``draft_source`` int8 ``[B]`` (0 none, 1 own history, 2 corpus); with
+        ``"frequency"`` a ``FrequencyProposal``, also ``draft_probs`` float32 ``[B, k]``.
 
     Raises
     ------
     ValueError
         Wrong dtype, device, ndim or shape of any tensor; ``min_n < 1``, ``min_n > max_n``,
-        ``num_speculative_tokens < 0``, ``max_model_len < 1``, an unknown ``tie_break``;
-        an ``index`` or ``corpus`` malformed or made for another n range. With value
+        ``num_speculative_tokens < 0``, ``max_model_len < 1``, an unknown ``tie_break`` or
+        ``scoring``; an ``index`` or ``corpus`` malformed or made for another n range; a
+        ``FrequencyIndex`` with ``"longest"`` or its absence with ``"frequency"``, a
+        frequency argument with ``"longest"`` or out of its range. With value
         checks: ``req_indices`` outside ``[-1, R)``, ``num_tokens`` of a batch row outside
         ``[0, L_max]`` or (with an index) not equal to ``index.length``,
         ``max_draft_tokens < 0``.
@@ -158,6 +195,15 @@ def ngram_propose(
     ...                   min_n=1, max_n=2, num_speculative_tokens=3)
     >>> p.draft_token_ids.tolist(), p.match_len.tolist()
     ([[9, 10, 7]], [2])
+    >>> from specdec_kernels.ops import new_ngram_index, ngram_index_build
+    >>> tokens = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2]], dtype=torch.int32)
+    >>> n = torch.tensor([11], dtype=torch.int32)
+    >>> index = new_ngram_index(1, 11, min_n=1, max_n=6, scoring="frequency")
+    >>> ngram_index_build(tokens, n, index=index)
+    >>> p = ngram_propose(tokens, n, min_n=1, max_n=6, num_speculative_tokens=3,
+    ...                   index=index, scoring="frequency")
+    >>> p.draft_token_ids.tolist(), p.match_len.tolist(), p.draft_probs.tolist()
+    ([[4, 1, 2]], [3], [[0.5, 0.5, 0.5]])
     """
     token_ids, num_tokens = check_token_state(token_ids, num_tokens)
     device = token_ids.device
@@ -175,6 +221,11 @@ def ngram_propose(
         check_int("max_model_len", max_model_len, min_value=1)
     if tie_break not in TIE_BREAKS:
         raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    frequency_args = dict(min_token_prob=min_token_prob, max_spec_factor=max_spec_factor,
+                          max_spec_offset=max_spec_offset)  # fmt: skip
+    check_proposal_args(scoring, index, corpus, frequency_args)
     if index is not None:
         _check_same_n("index", check_index(index, token_ids), min_n, max_n)
     if corpus is not None:
@@ -185,6 +236,23 @@ def ngram_propose(
         value_checks = functools.partial(
             _check_values, num_tokens, req_indices, max_draft_tokens, index, B, R, L_max
         )
+    if scoring == "frequency":
+        return FrequencyProposal(*call(
+            "frequency_propose",
+            token_ids=token_ids,
+            num_tokens=num_tokens.contiguous(),
+            req_indices=None if req_indices is None else req_indices.contiguous(),
+            max_draft_tokens=None if max_draft_tokens is None else max_draft_tokens.contiguous(),
+            index=[index.keys, index.vals, index.nodes, index.num_nodes, index.length],
+            min_n=min_n,
+            max_n=max_n,
+            num_speculative_tokens=num_speculative_tokens,
+            max_model_len=max_model_len,
+            min_token_prob=float(0.1 if min_token_prob is None else min_token_prob),
+            max_spec_factor=float(1.0 if max_spec_factor is None else max_spec_factor),
+            max_spec_offset=float(0.0 if max_spec_offset is None else max_spec_offset),
+            value_checks=value_checks,
+        ))  # fmt: skip
     drafts, counts, match_len, source = call(
         "ngram_propose",
         token_ids=token_ids,

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from specdec_kernels.constants import SCORINGS
 from specdec_kernels.cpu import ngram_index as _cpu
 from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._memory import full
@@ -25,6 +26,11 @@ from specdec_kernels.ops._validation import (
     check_state_tensor,
     check_token_state,
     should_check_values,
+)
+from specdec_kernels.ops.frequency import (
+    FrequencyIndex,
+    check_frequency_index,
+    new_frequency_index,
 )
 
 
@@ -62,19 +68,31 @@ def new_ngram_index(
     min_n: int,
     max_n: int,
     slots: int | None = None,
+    scoring: str = "longest",
     device: torch.device | str | None = None,
-) -> NgramIndex:
+) -> NgramIndex | FrequencyIndex:
     """An empty own-history index for ``num_rows`` state rows of ``max_model_len`` tokens.
 
+    ``scoring="longest"`` (an :class:`NgramIndex` for ``ngram_propose``'s default rule):
     ``slots`` (``S``) per row and n, ``S >= max_model_len`` (exact at any fill); default
     ``2 * max_model_len``. Memory ``R x (max_n - min_n + 1) x S x 8`` bytes; on a Linux CPU
     a table of 16 MiB or more goes on transparent huge pages. Contract: ``docs/design.md``,
     "Own-history n-gram index".
 
+    ``scoring="frequency"`` (a :class:`FrequencyIndex` for ``ngram_propose(...,
+    scoring="frequency")``): contexts of ``min_n .. max_n`` tokens, ``max_n`` (``D <=
+    FREQUENCY_MAX_DEPTH``) also bounding a context plus its drafts; per row a trie of
+    ``M = 2 * max_model_len + 1`` nodes (16 B each) and ``slots`` hash slots (12 B each; a
+    power of two ``>= M``, default the smallest holding ``M`` keys at most 3/4 full):
+    ~80 B a token. Exact at any fill. Contract: ``docs/design.md``, "Frequency-scored
+    drafting".
+
     Raises
     ------
     ValueError
-        ``num_rows < 0``, ``max_model_len < 1``, a bad n range, ``slots < max_model_len``.
+        ``num_rows < 0``, ``max_model_len < 1``, a bad n range, ``slots < max_model_len``,
+        an unknown ``scoring``; for ``"frequency"``: ``max_n > FREQUENCY_MAX_DEPTH``,
+        ``slots`` not a power of two ``>= 2 * max_model_len + 1``.
 
     Examples
     --------
@@ -85,7 +103,15 @@ def new_ngram_index(
     check_int("num_rows", num_rows, min_value=0)
     check_int("max_model_len", max_model_len, min_value=1)
     check_n_range(min_n, max_n)
-    S = 2 * max_model_len if slots is None else check_int("slots", slots, min_value=1)
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    if slots is not None:
+        check_int("slots", slots, min_value=1)
+    if scoring == "frequency":
+        return new_frequency_index(
+            num_rows, max_model_len, min_n=min_n, max_n=max_n, slots=slots, device=device
+        )
+    S = 2 * max_model_len if slots is None else slots
     if S < max_model_len:
         raise ValueError(f"slots must be >= max_model_len ({max_model_len}), got {S}")
     N = max_n - min_n + 1
@@ -97,11 +123,15 @@ def new_ngram_index(
     )
 
 
-def check_index(index: object, token_ids: torch.Tensor) -> NgramIndex:
-    """An :class:`NgramIndex` whose tables fit ``token_ids`` (rows, ``S >= L_max``)."""
+def check_index(index: object, token_ids: torch.Tensor) -> NgramIndex | FrequencyIndex:
+    """An :class:`NgramIndex` whose tables fit ``token_ids`` (rows, ``S >= L_max``), or a
+    :class:`FrequencyIndex` that fits them."""
+    if isinstance(index, FrequencyIndex):
+        return check_frequency_index(index, token_ids)
     if not isinstance(index, NgramIndex):
         raise ValueError(
-            f"index must be an NgramIndex (new_ngram_index), got {type(index).__name__}"
+            "index must be an NgramIndex or a FrequencyIndex (new_ngram_index), got "
+            f"{type(index).__name__}"
         )
     min_n, max_n = index.min_n, index.max_n
     check_n_range(min_n, max_n)
@@ -140,7 +170,11 @@ def _checked(token_ids, num_tokens, req_indices, index, validate, *, extend):
             _check_values, num_tokens, req_indices, index, B, R, L_max, extend
         )
     rows = None if req_indices is None else req_indices.contiguous()
-    return token_ids, num_tokens.contiguous(), rows, [index.table, index.length], value_checks
+    if isinstance(index, FrequencyIndex):
+        state = [index.keys, index.vals, index.nodes, index.num_nodes, index.length]
+        return True, token_ids, num_tokens.contiguous(), rows, state, value_checks
+    state = [index.table, index.length]
+    return False, token_ids, num_tokens.contiguous(), rows, state, value_checks
 
 
 def _check_values(num_tokens, req_indices, index, B, R, L_max, extend) -> None:
@@ -159,7 +193,7 @@ def ngram_index_build(
     num_tokens: torch.Tensor,
     req_indices: torch.Tensor | None = None,
     *,
-    index: NgramIndex,
+    index: NgramIndex | FrequencyIndex,
     validate: bool | None = None,
 ) -> None:
     """Index rows from scratch (admission, after prefill): every n-gram of
@@ -177,7 +211,7 @@ def ngram_index_build(
     req_indices : torch.Tensor, optional
         int32 ``[B]``, the unique state rows to index; -1 = padding row (skipped). Default:
         every row.
-    index : NgramIndex
+    index : NgramIndex or FrequencyIndex
         The state (``new_ngram_index(R, L_max, ...)``), updated in place.
     validate : bool, optional
         Run the value checks (see Raises). Default: only for CPU tensors.
@@ -197,12 +231,12 @@ def ngram_index_build(
     >>> index.length.tolist()
     [5]
     """
-    tok, lens, rows, state, value_checks = _checked(
+    frequency, tok, lens, rows, state, value_checks = _checked(
         token_ids, num_tokens, req_indices, index, validate, extend=False
     )
     lo, hi = index.min_n, index.max_n
     call(
-        "ngram_index_build",
+        "frequency_index_build" if frequency else "ngram_index_build",
         token_ids=tok,
         num_tokens=lens,
         req_indices=rows,
@@ -218,7 +252,7 @@ def ngram_index_extend(
     num_tokens: torch.Tensor,
     req_indices: torch.Tensor | None = None,
     *,
-    index: NgramIndex,
+    index: NgramIndex | FrequencyIndex,
     validate: bool | None = None,
 ) -> None:
     """Add the n-grams completed by the tokens committed since the last call (call it after
@@ -251,12 +285,12 @@ def ngram_index_extend(
     ...               index=index).draft_token_ids.tolist()
     [[7, 5]]
     """
-    tok, lens, rows, state, value_checks = _checked(
+    frequency, tok, lens, rows, state, value_checks = _checked(
         token_ids, num_tokens, req_indices, index, validate, extend=True
     )
     lo, hi = index.min_n, index.max_n
     call(
-        "ngram_index_extend",
+        "frequency_index_extend" if frequency else "ngram_index_extend",
         token_ids=tok,
         num_tokens=lens,
         req_indices=rows,

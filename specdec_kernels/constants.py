@@ -48,6 +48,21 @@ NGRAM_HASH_MIX2 = 0x2C1B3C6D
 per word): every implementation must hash alike, so a table one path wrote reads the same
 on the other."""
 
+SCORINGS = ("longest", "frequency")
+"""``ngram_propose``'s ``scoring`` values: the longest matching n-gram's one occurrence
+(prompt lookup, vLLM-compatible), or the most frequent continuations of every matching
+context (SuffixDecoding's rule, on a frequency index)."""
+
+FREQUENCY_MAX_DEPTH = 1024
+"""The largest ``max_n`` (``D``: context plus drafts) of a frequency index: an append costs
+O(D), and a proposal O(D x k) per request."""
+
+FREQUENCY_HASH_C0 = 0x9E3779B1
+FREQUENCY_HASH_C1 = 0x85EBCA6B
+FREQUENCY_HASH_C2 = 0xC2B2AE35
+"""The frequency trie's slot hash of ``(parent node, token)`` (a 32-bit murmur3-style mix,
+``specdec_kernels/reference/frequency.py``): the same in every path."""
+
 __all__ = [
     "DRAFT_SOURCE_CORPUS",
     "DRAFT_SOURCE_NONE",
@@ -57,7 +72,9 @@ __all__ = [
     "FINISH_REASON_NAMES",
     "FINISH_RUNNING",
     "FINISH_STOP",
+    "FREQUENCY_MAX_DEPTH",
     "PAD_SLOT",
     "PLACEHOLDER",
+    "SCORINGS",
     "TIE_BREAKS",
 ]

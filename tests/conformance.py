@@ -120,14 +120,75 @@ def _ngram_public(a: dict) -> tuple:
         index = ops.NgramIndex(*a["index"], a["min_n"], a["max_n"])
     if a["corpus"] is not None:
         corpus = ops.Corpus(*a["corpus"], a["min_n"], a["max_n"])
+    out = ops.ngram_propose(
+        a["token_ids"], a["num_tokens"], a["req_indices"], min_n=a["min_n"], max_n=a["max_n"],
+        num_speculative_tokens=a["num_speculative_tokens"], max_model_len=a["max_model_len"],
+        max_draft_tokens=a["max_draft_tokens"], tie_break=a["tie_break"], index=index,
+        corpus=corpus,
+    )  # fmt: skip
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- frequency family
+
+FREQ_ROWS = [
+    [1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2],  # "1 2" went on with 3 twice, 4 once
+    [5, 5, 5, 5, 5, 5],  # one token: every depth, splits
+    [6, 7, 8],  # no repeat
+    [9, 1, 9, 2, 9, 1, 9],  # a tie broken by the latest occurrence
+    [],
+]
+FREQ_D = 6
+
+
+def _frequency_index(tok, nt, lens=None):
+    index = ops.new_ngram_index(tok.shape[0], tok.shape[1], min_n=1, max_n=FREQ_D,
+                                scoring="frequency")  # fmt: skip
+    ops.ngram_index_build(tok, nt if lens is None else lens, index=index)
+    return index
+
+
+def _frequency_args(*, batch: bool) -> dict:
+    tok, nt = history(FREQ_ROWS, 14)
+    return dict(
+        token_ids=tok, num_tokens=nt,
+        req_indices=i32([3, 0, -1, 1, 4, 2]) if batch else None,
+        max_draft_tokens=i32([4, 3, 4, 4, 4, 2]) if batch else None,
+        index=list(_frequency_index(tok, nt)[:5]), min_n=2 if batch else 1, max_n=FREQ_D,
+        num_speculative_tokens=4, max_model_len=13 if batch else None,
+        min_token_prob=0.3 if batch else 0.0, max_spec_factor=2.0 if batch else 1.0,
+        max_spec_offset=0.5 if batch else 0.0,
+    )  # fmt: skip
+
+
+def _frequency_public(a: dict) -> tuple:
+    index = ops.FrequencyIndex(*a["index"], a["min_n"], a["max_n"])
     return tuple(
         ops.ngram_propose(
             a["token_ids"], a["num_tokens"], a["req_indices"], min_n=a["min_n"],
             max_n=a["max_n"], num_speculative_tokens=a["num_speculative_tokens"],
             max_model_len=a["max_model_len"], max_draft_tokens=a["max_draft_tokens"],
-            tie_break=a["tie_break"], index=index, corpus=corpus,
+            index=index, scoring="frequency", min_token_prob=a["min_token_prob"],
+            max_spec_factor=a["max_spec_factor"], max_spec_offset=a["max_spec_offset"],
         )
     )  # fmt: skip
+
+
+def _frequency_index_args(*, extend: bool) -> dict:
+    tok, nt = history(FREQ_ROWS, 14)
+    index = _frequency_index(tok, nt, (nt - 3).clamp(min=0) if extend else nt // 2)
+    req = None if extend else i32([2, -1, 0, 4])
+    return dict(token_ids=tok, num_tokens=nt, req_indices=req, index=list(index[:5]), min_n=1,
+                max_n=FREQ_D)  # fmt: skip
+
+
+def _frequency_index_public(fn):
+    def call(a: dict) -> tuple:
+        index = ops.FrequencyIndex(*a["index"], a["min_n"], a["max_n"])
+        fn(a["token_ids"], a["num_tokens"], a["req_indices"], index=index)
+        return ()
+
+    return call
 
 
 def _index_args(*, extend: bool) -> dict:
@@ -452,6 +513,18 @@ CASES: list[OpCase] = [
         ("index",),
         {"index": index_entries},
     ),  # fmt: skip
+    OpCase("frequency_propose", "batch", lambda: _frequency_args(batch=True), _frequency_public),
+    OpCase("frequency_propose", "plain", lambda: _frequency_args(batch=False), _frequency_public),
+    *(
+        OpCase(
+            f"frequency_index_{fn}",
+            "after-half" if fn == "extend" else "padding",
+            lambda fn=fn: _frequency_index_args(extend=fn == "extend"),
+            _frequency_index_public(getattr(ops, f"ngram_index_{fn}")),
+            ("index",),
+        )  # fmt: skip
+        for fn in ("build", "extend")
+    ),
     OpCase(
         "corpus_append",
         "evicts",

@@ -242,7 +242,31 @@ def test_philox_test_kernels_compile_for_the_gpu():
     compile_for_gpu(_PHILOX)
 
 
+_FREQUENCY = r"""
+from specdec_kernels.kernels import frequency as K
+i64 = {"keys_ptr": "*i64", "path_ptr": "*i64", "probs_ptr": "*fp32", "source_ptr": "*i8"}
+bits = {"min_prob_bits": "i64", "factor_bits": "i64", "offset_bits": "i64"}
+for flag in (False, True):
+    absent = {} if flag else dict(req_indices_ptr=None)  # None: an absent tensor
+    build(K._clear_kernel, dict(HAS_REQ_INDICES=flag, BLOCK=1024, **absent), i64)
+    for scratch in (False, True):
+        build(K._extend_kernel, dict(FROM_SCRATCH=scratch, HAS_REQ_INDICES=flag, **absent), i64)
+    for caps in (False, True):
+        cap = {} if caps else dict(max_draft_tokens_ptr=None)
+        build(K._propose_kernel, dict(HAS_REQ_INDICES=flag, HAS_MAX_DRAFT=caps,
+              HAS_MAX_MODEL_LEN=caps, K_BLOCK=8, **absent, **cap), i64, bits)  # fmt: skip
+print("compiled")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
+def test_frequency_kernels_compile_for_the_gpu():
+    """The trie's scalar loops (flags, no ``break``) are what the GPU compiler accepts."""
+    compile_for_gpu(_FREQUENCY)
+
+
 SCRIPTS = {"ngram": _NGRAM, "ngram_index": _NGRAM_INDEX, "corpus": _CORPUS,
+           "frequency": _FREQUENCY,
            "rejection": _REJECTION, "commit": _BOOKKEEPING, "verify_inputs": _BOOKKEEPING,
            "draft_plan": _DRAFT_PLAN, "processing": _PROCESSING, "philox": _PHILOX}  # fmt: skip
 KERNEL_MODULES = sorted(

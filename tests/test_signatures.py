@@ -64,16 +64,20 @@ def _op_name(func: ast.expr) -> str | None:
     return None
 
 
-def _called_op(node: ast.Call) -> tuple[str | None, list]:
-    """``(op, positional arguments)`` of ``call("<op>", ...)`` (``ops/_library.py``) or of
-    ``torch.ops.specdec.<op>(...)``; ``(None, [])`` for any other call."""
+def _called_ops(node: ast.Call) -> tuple[list[str], list]:
+    """``(ops, positional arguments)`` of ``call("<op>", ...)`` (``ops/_library.py``; also
+    ``call("<op>" if ... else "<op>", ...)``, both ops checked) or of
+    ``torch.ops.specdec.<op>(...)``; ``([], [])`` for any other call. A ``call`` whose op
+    is not spelled out cannot be checked: ``["?"]``."""
     func, args = node.func, node.args
     if isinstance(func, ast.Name) and func.id == "call" and args:
         name = args[0]
-        if isinstance(name, ast.Constant) and isinstance(name.value, str):
-            return name.value, args[1:]
+        names = [name.body, name.orelse] if isinstance(name, ast.IfExp) else [name]
+        if all(isinstance(n, ast.Constant) and isinstance(n.value, str) for n in names):
+            return [n.value for n in names], args[1:]
+        return ["?"], args[1:]
     op = _op_name(func)
-    return op, (args if op else [])
+    return ([op], args) if op else ([], [])
 
 
 def call_mismatches(source: str, where: str) -> tuple[list[str], set[str]]:
@@ -83,19 +87,21 @@ def call_mismatches(source: str, where: str) -> tuple[list[str], set[str]]:
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Call):
             continue
-        op, args = _called_op(node)
-        if op is None:
-            continue
-        called.add(op)
-        at = f"{where}:{node.lineno} {op}"
-        if args:
-            problems.append(f"{at}: passes {len(args)} argument(s) by position")
-        names = [kw.arg for kw in node.keywords if kw.arg != "value_checks"]  # call()'s own
-        if None in names:
-            problems.append(f"{at}: passes **kwargs")
-        want = [name for name, _ in schema_params(op)]
-        if names != want:
-            problems.append(f"{at}: passes {names}, the schema has {want}")
+        ops, args = _called_ops(node)
+        for op in ops:
+            at = f"{where}:{node.lineno} {op}"
+            if op == "?":
+                problems.append(f"{at}: the op's name is not a string literal")
+                continue
+            called.add(op)
+            if args:
+                problems.append(f"{at}: passes {len(args)} argument(s) by position")
+            names = [kw.arg for kw in node.keywords if kw.arg != "value_checks"]  # call()'s
+            if None in names:
+                problems.append(f"{at}: passes **kwargs")
+            want = [name for name, _ in schema_params(op)]
+            if names != want:
+                problems.append(f"{at}: passes {names}, the schema has {want}")
     return problems, called
 
 
