@@ -159,6 +159,24 @@ def test_adaptive_policy_that_never_drafts_runs_plain_sized_passes_float64(
     assert stats.query_tokens == stats.request_steps + 2 * 4
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_frequency_scoring_keeps_the_tokens_of_plain_decoding_float64(
+    loaded, model64, prompts, temperature
+):
+    # ngram_propose(scoring="frequency") on the engine's frequency index (D = 16): other
+    # drafts, the same tokens (greedy, and sampled by coupled verification)
+    stop = [loaded.tokenizer.eos_token_id]
+    params = [SamplingParams(max_tokens=n, temperature=temperature, seed=5 + n) for n in (32, 24)]
+    plain, s0 = _generate(model64, prompts, k=0, batch=1, params=params, stop_ids=stop)
+    eng = Engine(
+        model64, max_batch_size=2, max_model_len=512, num_speculative_tokens=4, min_n=1,
+        max_n=16, stop_token_ids=stop, draft_policy="fixed", scoring="frequency",
+    )  # fmt: skip
+    comps, stats = eng.generate(prompts, params)
+    assert [c.token_ids for c in comps] == plain
+    assert stats.accepted > 0 and stats.steps < s0.steps and stats.host_reads == stats.steps
+
+
 def test_shared_corpus_keeps_greedy_tokens_and_drafts_from_finished_requests(loaded, model64):
     # Batch 1, record prompts (outputs share a format), the first one twice: the repeat
     # finds its answer in the corpus (the first request, appended when it finished), so it
@@ -293,6 +311,7 @@ def test_engine_logits_match_transformers(loaded, prompts):
         (["-k", "-1"], "num-speculative-tokens must be >= 0"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--max-model-len", "32"], "max_model_len is 32: shorten it or raise --max-model-len"),
+        (["--scoring", "frequency", "--corpus", "64"], "--corpus drafts with --scoring longest"),
     ],
 )
 def test_cli_bad_input_one_line_and_nonzero_exit(argv, match, capsys, tmp_path):

@@ -59,7 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
         "all proposed (fixed), none",
     )
     p.add_argument("--min-n", type=int, default=1, help="shortest n-gram matched (default 1)")
-    p.add_argument("--max-n", type=int, default=3, help="longest n-gram matched (default 3)")
+    p.add_argument(
+        "--max-n",
+        type=int,
+        default=None,
+        help="longest n-gram matched (default 3); with --scoring frequency the depth D, "
+        "context plus drafts (default 64)",
+    )
+    p.add_argument(
+        "--scoring",
+        choices=("longest", "frequency"),
+        default="longest",
+        help="drafts from the longest matching n-gram (default), or the most frequent "
+        "continuations counted in the request's history (SuffixDecoding's rule)",
+    )
     p.add_argument(
         "--batch-size", type=int, default=8, help="batch size of runs (d) and (e) (default 8)"
     )
@@ -162,6 +175,10 @@ def id_values(text: str) -> dict[int, float]:
 def check_args(a: argparse.Namespace) -> None:
     if a.k < 0:
         raise UsageError(f"-k/--num-speculative-tokens must be >= 0, got {a.k}")
+    if a.max_n is None:
+        a.max_n = 64 if a.scoring == "frequency" else 3
+    if a.scoring == "frequency" and a.corpus > 0:
+        raise UsageError("--corpus drafts with --scoring longest only (for now)")
     if a.min_n < 1 or a.max_n < a.min_n:
         raise UsageError(f"need 1 <= --min-n <= --max-n, got {a.min_n} and {a.max_n}")
     if a.batch_size < 1:

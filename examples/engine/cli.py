@@ -69,6 +69,7 @@ def new_engine(model, *, k, batch, args, stop_ids, verify_costs=None, corpus=0):
         stop_token_ids=stop_ids,
         draft_policy=policy,
         corpus_tokens=corpus,
+        scoring=args.scoring,
     )
     if policy == "adaptive":
         costs = verify_costs if verify_costs is not None else {}
@@ -186,7 +187,7 @@ def run(argv: list[str] | None = None) -> int:
     print(
         f"model: {loaded.path} ({args.dtype}, loaded in {load_s:.1f} s); "
         f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} "
-        f"tokens; k={args.k}, n in [{args.min_n}, {args.max_n}]; "
+        f"tokens; k={args.k}, n in [{args.min_n}, {args.max_n}], {args.scoring} scoring; "
         f"{torch.get_num_threads()} threads",
         flush=True,
     )

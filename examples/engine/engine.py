@@ -104,6 +104,10 @@ class Engine:
         (``ngram_propose(index=..., corpus=...)``); every finished request (prompt +
         output) is appended to it, so later requests can draft from earlier ones. 0
         (default): ``ngram_propose`` scans the histories.
+    scoring : {"longest", "frequency"}
+        ``ngram_propose``'s rule: the longest matching n-gram (default), or the most
+        frequent continuations over a frequency index (``max_n`` is then its depth D:
+        context plus drafts); frequency scoring has no shared corpus yet.
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class Engine:
         draft_policy: str = "adaptive",
         verify_cost: torch.Tensor | None = None,
         corpus_tokens: int = 0,
+        scoring: str = "longest",
     ):
         if draft_policy not in DRAFT_POLICIES:
             raise EngineError(f"draft_policy must be one of {DRAFT_POLICIES}, got {draft_policy!r}")
@@ -127,6 +132,10 @@ class Engine:
             raise EngineError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         if not 1 <= min_n <= max_n:
             raise EngineError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        if scoring not in ("longest", "frequency"):
+            raise EngineError(f"scoring must be 'longest' or 'frequency', got {scoring!r}")
+        if scoring == "frequency" and corpus_tokens > 0:
+            raise EngineError("the shared corpus drafts with scoring='longest' only (for now)")
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if not 2 <= max_model_len <= model.cfg.max_position_embeddings:
@@ -137,7 +146,7 @@ class Engine:
         self.model = model
         self.draft_policy = draft_policy
         self.k = 0 if draft_policy == "none" else num_speculative_tokens
-        self.min_n, self.max_n = min_n, max_n
+        self.min_n, self.max_n, self.scoring = min_n, max_n, scoring
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.R = R = max_batch_size
@@ -166,6 +175,9 @@ class Engine:
         self.processing: ProcessingState | None = None  # sized by each generate call
         self.logprobs: LogprobsBuffer | None = None  # likewise, when a request asks for them
         self.index = self.corpus = None
+        if scoring == "frequency":  # counts per row, kept up to date by each commit
+            self.index = new_ngram_index(R, max_model_len, min_n=min_n, max_n=max_n,
+                                         scoring="frequency", device=dev)  # fmt: skip
         if corpus_tokens > 0:
             self.index = new_ngram_index(R, max_model_len, min_n=min_n, max_n=max_n, device=dev)
             self.corpus = new_corpus(corpus_tokens, min_n=min_n, max_n=max_n, device=dev)

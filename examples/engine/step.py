@@ -39,7 +39,7 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
     prop = ngram_propose(
         eng.token_ids, eng.num_tokens, req_indices, min_n=eng.min_n, max_n=eng.max_n,
         num_speculative_tokens=k, max_model_len=eng.max_model_len,
-        index=eng.index, corpus=eng.corpus,
+        index=eng.index, corpus=eng.corpus, scoring=eng.scoring,
     )  # fmt: skip
 
     planned = wanted = prop.num_draft_tokens
@@ -110,8 +110,9 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
                             req_indices, start)  # fmt: skip
 
     if eng.index is not None:
-        # The committed tokens' n-grams join the own-history index ...
+        # The committed tokens' n-grams (or contexts) join the own-history index ...
         ngram_index_extend(eng.token_ids, eng.num_tokens, req_indices, index=eng.index)
+    if eng.corpus is not None:
         # ... and finished requests (prompt + output) join the shared corpus.
         done = torch.where(cm.finished, req_indices, -1).to(torch.int32)
         corpus_append(eng.token_ids, eng.num_tokens, done, corpus=eng.corpus)
