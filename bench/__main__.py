@@ -24,6 +24,7 @@ FAMILIES = {
     "rejection": "bench.cases_rejection",
     "bookkeeping": "bench.cases_bookkeeping",
     "ngram_index": "bench.cases_ngram_index",
+    "frequency": "bench.cases_frequency",
     "draft_plan": "bench.cases_draft_plan",
     "processing": "bench.cases_processing",
     "logprobs": "bench.cases_logprobs",
@@ -297,6 +298,16 @@ SECTION_TEXT = {
         "path. At most 100 timed rounds per implementation, so the histories grow by at most "
         "~500 tokens while a case is timed (the notes say how much). GB/s counts the slots "
         "and tokens a step touches; initial indexing is timed once, in the checks."
+    ),
+    "frequency": (
+        "## Frequency-scored drafting (one step)\n\n"
+        "B requests, k = 8: `op` = `ngram_index_extend` on a `FrequencyIndex` (D = 64) with "
+        'the k + 1 tokens each row committed + `ngram_propose(scoring="frequency")` '
+        "(SuffixDecoding's stop rules: min_token_prob 0.1, factor 1, offset 0). Baseline "
+        "`longest_index` = the same step on the n-gram index (n in [2, 5], the default "
+        "rule): what counting costs over today's drafts. Each implementation grows its own "
+        "`num_tokens` by k + 1 inside its timed call; at most 100 timed rounds. GB/s counts "
+        "an upper bound of the nodes and slots a step touches."
     ),
     "draft_plan": (
         "## Draft-length planning (adaptive policy)\n\n"
