@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_vllm_ngram import MAX_NUM_SEQS, proposers, stand_in_config
 
+from specdec_kernels import ops
 from specdec_kernels.integrations.vllm import NgramProposer
 
 L = 96  # max_model_len
@@ -194,3 +196,75 @@ def test_length_arrays_of_the_batch_size_keep_the_index_and_the_corpus():
 
     assert run(True) == run(False)
     assert run(True)[-1][1] == [13, 14, EOS]
+
+
+def _fresh_frequency_drafts(batch, sampled, k, D):
+    """What ``scoring="frequency"`` drafts from a frequency index built afresh this step."""
+    B = len(batch.rows)
+    tok, num = torch.from_numpy(batch.tok[:B].copy()), torch.from_numpy(batch.num[:B].copy())
+    index = ops.new_ngram_index(B, L, min_n=1, max_n=D, scoring="frequency")
+    ops.ngram_index_build(tok, num, index=index)
+    caps = torch.tensor([k if s else 0 for s in sampled], dtype=torch.int32)
+    out = ops.ngram_propose(tok, num, min_n=1, max_n=D, num_speculative_tokens=k,
+                            max_model_len=L, max_draft_tokens=caps, index=index,
+                            scoring="frequency")  # fmt: skip
+    return [d[:c] for d, c in zip(out.draft_token_ids.tolist(), out.num_draft_tokens.tolist(),
+                                  strict=True)]  # fmt: skip
+
+
+@settings(max_examples=15)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_frequency_scoring_follows_the_batch_under_random_schedules(seed):
+    # the kept index drafts what an index built from scratch every step drafts
+    rng = np.random.default_rng(seed)
+    k, D = 4, 12
+    section = {"scoring": "frequency", "prompt_lookup_max": D}
+    ours = NgramProposer(stand_in_config(1, D, k, L, custom_class=True, extra=section))
+    assert (ours.settings.min_n, ours.settings.max_n) == (1, D)
+    batch = Batch(rng)
+    for _ in range(3):
+        batch.admit()
+    drafted = 0
+    for _ in range(30):
+        op = rng.choice(["admit", "finish", "preempt", "resume", "swap", "grow", "grow"])
+        if op == "admit":
+            batch.admit()
+        elif op in ("finish", "preempt") and batch.rows:
+            batch.remove(int(rng.integers(0, len(batch.rows))), preempt=op == "preempt")
+        elif op == "resume" and batch.preempted:
+            batch.admit(batch.preempted.pop(int(rng.integers(0, len(batch.preempted)))))
+        elif op == "swap" and len(batch.rows) > 1:
+            i, j = rng.choice(len(batch.rows), 2, replace=False)
+            batch.swap(int(i), int(j))
+        else:
+            batch.grow()
+        if batch.rows:
+            sampled = [[] if rng.random() < 0.1 else [1] for _ in batch.rows]
+            got = ours.propose(sampled, batch.num, batch.tok, slot_mappings=None)
+            assert got == _fresh_frequency_drafts(batch, sampled, k, D)
+            drafted += sum(map(len, got))
+    assert drafted > 0 or len(batch.hist) < 2
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ({"scoring": "often"}, "scoring must be one of"),
+        ({"scoring": "frequency", "index": False}, "needs index: true and no corpus"),
+        ({"scoring": "frequency", "corpus_tokens": 64}, "needs index: true and no corpus"),
+        ({"scoring": "frequency", "min_token_prob": 1.5}, r"min_token_prob must be a number in"),
+        ({"scoring": "frequency", "max_spec_factor": -1}, "max_spec_factor must be a number >="),
+        ({"scoring": "frequency", "prompt_lookup_max": 2000}, "must be <= 1024"),
+        ({"min_token_prob": 0.2}, "options of scoring='frequency' only"),
+    ],
+)
+def test_frequency_options_are_checked(extra, match):
+    with pytest.raises(ValueError, match=match):
+        NgramProposer(stand_in_config(2, 3, 4, L, custom_class=True, extra=extra))
+
+
+def test_frequency_options_reach_the_proposer():
+    section = {"scoring": "frequency", "min_token_prob": 0.5, "max_spec_factor": 2,
+               "max_spec_offset": 1}  # fmt: skip
+    s = NgramProposer(stand_in_config(1, 3, 4, L, custom_class=True, extra=section)).settings
+    assert (s.scoring, s.min_n, s.max_n, s.frequency) == ("frequency", 1, 64, (0.5, 2.0, 1.0))

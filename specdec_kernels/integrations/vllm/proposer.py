@@ -25,6 +25,7 @@ import torch
 from specdec_kernels.integrations.vllm.rows import RowTracker
 from specdec_kernels.integrations.vllm.settings import NgramSettings, ngram_settings
 from specdec_kernels.ops import (
+    FrequencyIndex,
     NgramIndex,
     corpus_append,
     new_corpus,
@@ -47,8 +48,13 @@ def _as_int32(name: str, array: Any, ndim: int) -> torch.Tensor:
 
 
 def index_bytes(settings: NgramSettings, rows: int) -> int:
-    """Memory of the own-history index of ``rows`` rows (``R x N x S x 8``, ``S = 2L``)."""
-    return rows * (settings.max_n - settings.min_n + 1) * 2 * settings.max_model_len * 8
+    """Memory of the own-history index of ``rows`` rows: ``R x N x S x 8`` (``S = 2L``), or
+    with ``scoring="frequency"`` ``R x (12 S + 16 M)`` (``docs/design.md``)."""
+    L = settings.max_model_len
+    if settings.scoring == "frequency":
+        probe = new_ngram_index(0, L, min_n=1, max_n=1, scoring="frequency")
+        return rows * (12 * probe.keys.shape[1] + 16 * probe.nodes.shape[2])
+    return rows * (settings.max_n - settings.min_n + 1) * 2 * L * 8
 
 
 class NgramProposer:
@@ -64,7 +70,9 @@ class NgramProposer:
     ``additional_config["specdec_kernels"]``: :func:`ngram_settings`; the index takes
     ``max_num_seqs x (max_n - min_n + 1) x 2 max_model_len x 8`` bytes (``max_index_bytes``
     caps it), the corpus ``corpus_tokens x 20 + (max_n - min_n + 1) x 4 corpus_tokens x 8``
-    and a copy of vLLM's token buffer.
+    and a copy of vLLM's token buffer. ``scoring: "frequency"`` drafts by SuffixDecoding's
+    rule over each request's own history instead (a frequency index, ~80 B a token of
+    ``max_model_len`` per row; no corpus yet).
 
     Parameters
     ----------
@@ -94,12 +102,12 @@ class NgramProposer:
         if self._shape == shape:
             return
         s, (R, W) = self.settings, shape
-        self._index = new_ngram_index(R, W, min_n=s.min_n, max_n=s.max_n)
+        self._index = new_ngram_index(R, W, min_n=s.min_n, max_n=s.max_n, scoring=s.scoring)
         self._corpus = None
         if s.corpus_tokens:
             self._corpus = new_corpus(s.corpus_tokens, min_n=s.min_n, max_n=s.max_n)
         self._rows = RowTracker(R, W, keep_histories=self._corpus is not None)
-        self._batch_views: dict[int, NgramIndex] = {}
+        self._batch_views: dict[int, NgramIndex | FrequencyIndex] = {}
         self._shape = shape
 
     def propose(
@@ -164,6 +172,9 @@ class NgramProposer:
             )
         kw = dict(min_n=s.min_n, max_n=s.max_n, num_speculative_tokens=s.num_speculative_tokens)
         kw.update(max_model_len=s.max_model_len, max_draft_tokens=caps, tie_break=s.tie_break)
+        if s.scoring == "frequency":
+            p, f, o = s.frequency
+            kw.update(scoring="frequency", min_token_prob=p, max_spec_factor=f, max_spec_offset=o)
         if not s.index:  # a rescan of every history
             proposal = ngram_propose(token_ids[:B], num_tokens[:B], **kw, validate=False)
         else:
@@ -191,7 +202,7 @@ class NgramProposer:
             self._add_documents(left)
         batch = self._batch_views.get(B)
         if batch is None:  # views of the first B rows, made once per batch size
-            batch = NgramIndex(index.table[:B], index.length[:B], index.min_n, index.max_n)
+            batch = type(index)(*(t[:B] for t in index[:-2]), index.min_n, index.max_n)
             self._batch_views[B] = batch
         return ngram_propose(
             token_ids[:B], num_tokens[:B], **kw, index=batch, corpus=self._corpus, validate=False

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from specdec_kernels.ops import TIE_BREAKS
+from specdec_kernels.ops import FREQUENCY_MAX_DEPTH, SCORINGS, TIE_BREAKS
 
 CONFIG_KEY = "specdec_kernels"
 """Key of this library's section in vLLM's ``additional_config``."""
@@ -23,6 +23,10 @@ NGRAM_OPTIONS = (
     "corpus_tokens",
     "corpus_documents",
     "stop_token_ids",
+    "scoring",
+    "min_token_prob",
+    "max_spec_factor",
+    "max_spec_offset",
 )
 """Keys the proposer reads from ``additional_config["specdec_kernels"]``."""
 
@@ -34,6 +38,13 @@ CORPUS_DOCUMENTS = ("finished", "departed")
 
 DEFAULT_NGRAM = 5
 """vLLM's default ``prompt_lookup_min = prompt_lookup_max`` when neither is given."""
+
+DEFAULT_DEPTH = 64
+"""With ``scoring="frequency"``, the default ``prompt_lookup_max`` (the depth ``D``: context
+plus drafts), SuffixDecoding's default tree depth; ``prompt_lookup_min`` defaults to 1."""
+
+FREQUENCY_DEFAULTS = {"min_token_prob": 0.1, "max_spec_factor": 1.0, "max_spec_offset": 0.0}
+"""SuffixDecoding's (vLLM's ``suffix`` method's) defaults of the frequency stop rules."""
 
 
 class NgramSettings(NamedTuple):
@@ -63,6 +74,11 @@ class NgramSettings(NamedTuple):
     given; end-of-turn tokens only in ``generation_config.json`` must be given)."""
     max_index_bytes: int = DEFAULT_MAX_INDEX_BYTES
     """Cap on the index's memory; a larger index is a ``ValueError`` at construction."""
+    scoring: str = "longest"
+    """``ngram_propose``'s rule: ``"longest"`` (vLLM's n-gram drafts) or ``"frequency"``
+    (SuffixDecoding's counts over each request's own history; ``max_n`` is the depth)."""
+    frequency: tuple[float, float, float] = (0.1, 1.0, 0.0)
+    """``(min_token_prob, max_spec_factor, max_spec_offset)`` of ``"frequency"``."""
 
 
 def _section(vllm_config: Any) -> Mapping[str, Any]:
@@ -120,8 +136,15 @@ def ngram_settings(vllm_config: Any) -> NgramSettings:
         places; ``prompt_lookup_min > prompt_lookup_max``; ``additional_config
         ["specdec_kernels"]`` not a dict or with keys other than ``prompt_lookup_min``,
         ``prompt_lookup_max``, ``tie_break``, ``index``, ``max_index_bytes``,
-        ``corpus_tokens``, ``corpus_documents``, ``stop_token_ids``; ``tie_break`` not
-        ``"first"`` or ``"last"``; a bad value of one of the others.
+        ``corpus_tokens``, ``corpus_documents``, ``stop_token_ids``, ``scoring``,
+        ``min_token_prob``, ``max_spec_factor``, ``max_spec_offset``; ``tie_break`` not
+        ``"first"`` or ``"last"``; a bad value of one of the others; with ``scoring=
+        "frequency"``: ``index: false``, a corpus, a depth over ``FREQUENCY_MAX_DEPTH``;
+        the frequency options with ``"longest"``.
+
+    ``scoring="frequency"`` (SuffixDecoding's rule on a frequency index): the n range is
+    the context lengths and ``prompt_lookup_max`` the depth ``D`` (defaults 1 and 64);
+    ``min_token_prob``, ``max_spec_factor``, ``max_spec_offset`` default to 0.1, 1.0, 0.0.
     """
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is None:
@@ -140,6 +163,16 @@ def ngram_settings(vllm_config: Any) -> NgramSettings:
             )
         bounds[name] = from_spec if from_spec is not None else from_extra
     lo, hi = bounds["prompt_lookup_min"], bounds["prompt_lookup_max"]
+    scoring = section.get("scoring", "longest")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    if scoring == "frequency":
+        lo, hi = lo or 1, hi or DEFAULT_DEPTH
+        if hi > FREQUENCY_MAX_DEPTH:
+            raise ValueError(
+                f"prompt_lookup_max (the depth D) must be <= {FREQUENCY_MAX_DEPTH} with "
+                f"scoring='frequency', got {hi}"
+            )
     if lo is None and hi is None:
         lo = hi = DEFAULT_NGRAM
     elif lo is None:
@@ -172,9 +205,30 @@ def ngram_settings(vllm_config: Any) -> NgramSettings:
     if not isinstance(stops, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in stops):
         raise ValueError(f"stop_token_ids must be a list of token ids >= 0, got {stops!r}")
     cap = _int_option(section, "max_index_bytes", DEFAULT_MAX_INDEX_BYTES, min_value=0)
+    frequency = _frequency_options(section, scoring, index, corpus)
     return NgramSettings(
-        lo, hi, k, max_model_len, tie_break, index, corpus, documents, tuple(stops), cap
-    )
+        lo, hi, k, max_model_len, tie_break, index, corpus, documents, tuple(stops), cap,
+        scoring, frequency,
+    )  # fmt: skip
+
+
+def _frequency_options(section, scoring, index, corpus) -> tuple[float, float, float]:
+    given = [name for name in FREQUENCY_DEFAULTS if name in section]
+    if scoring == "longest":
+        if given:
+            raise ValueError(f"{', '.join(given)}: options of scoring='frequency' only")
+        return tuple(FREQUENCY_DEFAULTS.values())
+    if not index or corpus:
+        raise ValueError("scoring='frequency' needs index: true and no corpus (corpus_tokens 0)")
+    values = []
+    for name, default in FREQUENCY_DEFAULTS.items():
+        v = section.get(name, default)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+        if not ok or (name == "min_token_prob" and v > 1):
+            what = "in [0, 1]" if name == "min_token_prob" else ">= 0"
+            raise ValueError(f"{name} must be a number {what}, got {v!r}")
+        values.append(float(v))
+    return tuple(values)
 
 
 def _is_int(value: Any) -> bool:
