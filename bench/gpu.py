@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a few small shapes")
     p.add_argument(
         "--only",
-        default="ngram,rejection,bookkeeping,ngram_index,processing,logprobs,frequency_trie",
+        default="ngram,rejection,bookkeeping,ngram_index,processing,logprobs,frequency",
     )
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
@@ -276,10 +276,10 @@ def main(argv=None) -> int:
             specs = cases_logprobs.QUICK_SPECS if args.quick else cases_logprobs.SPECS
             C.bench_logprobs(rows, specs)
             write("stopped after top_logprobs")
-        if "frequency_trie" in fams:  # issue 19's design prototype, not an op
+        if "frequency" in fams:
             from bench import gpu_frequency as F
 
-            F.bench_frequency_trie(rows, F.QUICK_SPECS if args.quick else F.SPECS)
+            F.bench_frequency(rows, F.QUICK_SPECS if args.quick else F.SPECS, graphs=graphs)
     except KeyboardInterrupt:  # gpu_check.sh's time limit sends SIGINT: keep what we have
         write("interrupted by the time limit")
         print(f"interrupted; partial results in {path}", file=sys.stderr)

@@ -1,82 +1,94 @@
-"""The frequency trie prototype's GPU timings (``python -m bench.gpu --only frequency_trie``,
-and in ``bench/gpu_check.sh``'s default run): one decoding step per row (commit ``k + 1``
-tokens, extend the row's trie, propose ``k`` drafts) with the Triton kernels of
-``bench/baselines/frequency_trie_triton.py``, against the numba trie doing the same on the
-host (what a host-side proposer runs; SuffixDecoding's speculate + update loop is the
-CPU comparison in ``bench/suffix_memory.py``). Checked first: the device rows' tries and
-drafts equal the numba trie's bit for bit. A design prototype's numbers, not an op's."""
+"""Frequency-scored drafting on the GPU (``python -m bench.gpu --only frequency``, in
+``bench/gpu_check.sh``'s default run): one decoding step (commit ``k + 1`` tokens,
+``ngram_index_extend`` on a ``FrequencyIndex``, ``ngram_propose(scoring="frequency")``)
+with the Triton kernels, timed by CUDA events and replayed from a CUDA graph (a capture
+that fails, e.g. on a host synchronisation, is reported), beside the same step on the
+n-gram index and the CPU path's step on the host. Checked first: the device index and
+drafts equal the CPU path's bit for bit."""
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
 from bench import data
 from bench import gpu as G
-from bench.baselines import frequency_trie as ft
+from bench.harness import measure
+from specdec_kernels.ops import (
+    new_ngram_index,
+    ngram_index_build,
+    ngram_index_extend,
+    ngram_propose,
+)
 
-SPECS = [{"B": b, "L": 8192, "k": 8, "D": 64} for b in (1, 64)]
+SPECS = [{"B": b, "L": 8192, "k": 8, "D": 64} for b in (1, 64, 256)]
 QUICK_SPECS = [{"B": 2, "L": 64, "k": 4, "D": 8}]
 CALLS = 50
 
 
-def bench_frequency_trie(rows: G.Rows, specs) -> None:
-    from bench.baselines import frequency_trie_triton as T
-
+def bench_frequency(rows: G.Rows, specs, *, graphs: bool = True) -> None:
     for spec in specs:
-        _case(rows, spec, T)
+        _case(rows, spec, graphs)
         if G.DEVICE == "cuda":
             torch.cuda.empty_cache()
 
 
-def _case(rows, spec, T) -> None:
+def _case(rows, spec, graphs) -> None:
     B, L, k, D = spec["B"], spec["L"], spec["k"], spec["D"]
     label = f"B={B} L={L} k={k} D={D}"
-    L_max = L + (CALLS + 30) * (k + 1) + 8  # both the device rows' and the host row's steps
+    L_max = L + 8 * (CALLS + 20) * (k + 1)  # room for every timed step (events, graph, host)
     tok, _ = data.ngram_histories(B, L_max)  # real text past L: the committed tokens
-    gtok = tok.to(G.DEVICE)
-    zero = torch.zeros(B, dtype=torch.int32, device=G.DEVICE)
-    n = torch.full((B,), L, dtype=torch.int32, device=G.DEVICE)
-    store = T.new_rows(B, L_max, D, device=G.DEVICE)
+    nt = torch.full((B,), L, dtype=torch.int32)
+    gtok, gnt = tok.to(G.DEVICE), nt.to(G.DEVICE)
+    fk = {"min_n": 1, "max_n": D, "scoring": "frequency"}
+    index = new_ngram_index(B, L_max, device=G.DEVICE, **fk)
     G._sync()
     t0 = time.perf_counter()
-    T.extend(gtok, zero, n, store, D)
+    ngram_index_build(gtok, gnt, index=index)
     G._sync()
     build_s = time.perf_counter() - t0
-    drafts, count, _ = T.propose(gtok, n, store, D, k, 1.0, 0.1)
-    host = [T.numba_row(tok[b].numpy(), L, L_max, D) for b in range(min(B, 2))]
-    out, tmp = np.zeros(max(k, D), np.int32), np.zeros(max(k, D), np.int32)
-    for b, want in enumerate(host):
-        assert np.array_equal(store[2][b].cpu().numpy(), want[2]), f"trie nodes differ, {label}"
-        t, _ = ft.propose(*want, tok[b].numpy(), L, D, k, 1.0, 0.1, out, tmp)
-        assert drafts[b, :t].cpu().tolist() == out[:t].tolist(), f"trie drafts differ, {label}"
+    cpu_index = new_ngram_index(B, L_max, **fk)
+    ngram_index_build(tok, nt, index=cpu_index)
+    kw = {"min_n": 1, "max_n": D, "num_speculative_tokens": k, "scoring": "frequency"}
+    got = ngram_propose(gtok, gnt, **kw, index=index)
+    want = ngram_propose(tok, nt, **kw, index=cpu_index)
+    assert G._equal(tuple(index[:5]), tuple(cpu_index[:5])), f"frequency index CUDA != CPU {label}"
+    assert G._equal(tuple(got), tuple(want)), f"frequency drafts CUDA != CPU at {label}"
     rows.note(
-        f"frequency_trie {label}: the device tries and drafts of {len(host)} rows == the "
-        f"numba trie's bit for bit; initial extend of {B} x {L} tokens {build_s * 1e3:.1f} ms"
+        f"frequency {label}: the CUDA index and drafts == the CPU path's bit for bit; initial "
+        f"indexing of {B} x {L} tokens {build_s * 1e3:.1f} ms"
     )
 
     def step():
-        T.extend(gtok, n, n + (k + 1), store, D)
-        n.add_(k + 1)
-        return T.propose(gtok, n, store, D, k, 1.0, 0.1)
+        gnt.add_(k + 1)  # the commit (a real engine's commit_accepted_tokens)
+        ngram_index_extend(gtok, gnt, index=index)
+        return ngram_propose(gtok, gnt, **kw, index=index)
 
     nbytes = B * (k + 1) * 4
-    rows.add("frequency_trie step", label, "op", "events", G.time_steps(step, calls=CALLS), nbytes)
-    row, m = tok[0].numpy(), [L]
+    rows.add("frequency step", label, "op", "events", G.time_steps(step, calls=CALLS), nbytes)
+    if graphs:
+        q = G._graph_steps(step, CALLS)
+        if q is not None:
+            rows.add("frequency step", label, "op", "graph", q, nbytes)
+    longest = new_ngram_index(B, L_max, min_n=2, max_n=5, device=G.DEVICE)
+    ln = gnt.clone()
+    ngram_index_build(gtok, ln, index=longest)
 
-    def host_step():  # one row on the host: multiply by B for the batch
-        ft.append(*host[0], row, m[0], m[0] + k + 1, m[0], D)
-        m[0] += k + 1
-        ft.propose(*host[0], row, m[0], D, k, 1.0, 0.1, out, tmp)
+    def longest_step():
+        ln.add_(k + 1)
+        ngram_index_extend(gtok, ln, index=longest)
+        return ngram_propose(gtok, ln, min_n=2, max_n=5, num_speculative_tokens=k, index=longest)
 
-    for _ in range(10):  # warm-up, then CALLS timed steps (the row has room for 20 more)
-        host_step()
-    times = []
-    for _ in range(CALLS):
-        t0 = time.perf_counter_ns()
-        host_step()
-        times.append((time.perf_counter_ns() - t0) / 1e3)
-    q = tuple(float(x) for x in np.quantile(times, [0.25, 0.5, 0.75]))
-    rows.add("frequency_trie step", label, "numba (host, 1 row)", "host", q, nbytes // B)
+    q = G.time_steps(longest_step, calls=CALLS)
+    rows.add("frequency step", label, "longest_index", "events", q, nbytes)
+    host_nt = gnt.cpu()
+    ngram_index_extend(tok, host_nt, index=cpu_index)
+
+    def host_step():  # the CPU path over the same batch, on the host
+        host_nt.add_(k + 1)
+        ngram_index_extend(tok, host_nt, index=cpu_index)
+        ngram_propose(tok, host_nt, **kw, index=cpu_index)
+
+    t = measure(host_step, budget_s=0.3, max_rounds=CALLS)
+    rows.add("frequency step", label, "CPU path (host)", "host", (t.q25, t.median, t.q75), nbytes)

@@ -142,11 +142,11 @@ def test_gpu_suite_logic_runs_on_cpu_with_stub_timers(monkeypatch, tmp_path):
     cases.bench_processing(rows, [{"B": 2, "V": 1000, "L": 64, "features": "all"}])
     from bench import gpu_frequency
 
-    gpu_frequency.bench_frequency_trie(rows, gpu_frequency.QUICK_SPECS)
+    gpu_frequency.bench_frequency(rows, gpu_frequency.QUICK_SPECS, graphs=True)
     text = gpu.render(rows, gpu="(stub)", copy_bw=1.0, elapsed=0.0, argv=[])
     assert len(calls) >= 10 and "commit_accepted_tokens" in text
     assert all("exactly" in n or "uniforms" in n or "bit for bit" in n for n in rows.notes)
-    assert "process_logits" in text and "frequency_trie step" in text
+    assert "process_logits" in text and "frequency step" in text
 
 
 def test_gpu_check_script_parses_and_module_refuses_without_cuda():

@@ -293,19 +293,3 @@ def test_every_kernel_is_in_a_compile_script(family):
     assert family in SCRIPTS, f"kernels/{family}.py has kernels but no compile script"
     built = set(re.findall(r"\b[A-Z]\.(_\w+_kernel)\b", SCRIPTS[family]))
     assert kernels <= built, f"not compiled for sm_90: {sorted(kernels - built)}"
-
-
-_FREQUENCY_TRIE = r"""
-from bench.baselines import frequency_trie_triton as K  # a design prototype, not an op
-i64 = {"keys_ptr": "*i64", "meta_ptr": "*i64", "path_ptr": "*i64", "score_ptr": "*fp64",
-       "param_ptr": "*fp64"}
-build(K._extend_kernel, {}, i64, {"tok_stride": "i64"})
-build(K._propose_kernel, {}, i64, {"tok_stride": "i64"})
-print("compiled")
-"""
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
-def test_frequency_trie_prototype_kernels_compile_for_the_gpu():
-    """The trie's scalar loops (flags, no ``break``) are what the GPU compiler accepts."""
-    compile_for_gpu(_FREQUENCY_TRIE)

@@ -551,14 +551,14 @@ def test_a_budget_above_the_stream_replays_exactly_as_the_unbounded_trie(seed):
 
 
 @pytest.mark.parametrize("seed", range(18))
-def test_frequency_trie_triton_prototype_equals_the_numba_trie_bit_for_bit(seed, kernel_device):
-    """Rows counted in two extends (admission, then a commit of 0-5 tokens), then one
-    proposal per row (k up to 2 D + 1, factors up to 50): every key, node and counter, the
-    drafts, counts and float64 scores equal the numba trie's of the same row."""
-    pytest.importorskip("triton")
+def test_the_frequency_op_equals_the_trie_prototype(seed):
+    """``ngram_propose(scoring="frequency")`` and its index (the op) against the design
+    prototype it came from: rows counted in two extends (admission, then a commit of 0-5
+    tokens), then one proposal per row (k up to 2 D + 1, factors up to 50): every node's
+    count, depth, latest position and best continuation, and the drafts, are the same."""
     import torch
 
-    from bench.baselines import frequency_trie_triton as T
+    from specdec_kernels import ops
 
     rng = np.random.default_rng(5000 + seed)
     R, L_max = int(rng.integers(1, 4)), int(rng.integers(1, 40))
@@ -567,28 +567,29 @@ def test_frequency_trie_triton_prototype_equals_the_numba_trie_bit_for_bit(seed,
     if seed % 3 == 0:  # periodic rows: runs that reach depth D, chains that could pass it
         period = rng.integers(0, V + 1, (R, int(rng.integers(1, 4))))
         rows = np.tile(period, (1, L_max))[:, :L_max]
-    dev = kernel_device
-    tokens = torch.tensor(rows, dtype=torch.int32, device=dev)
-    n0 = torch.tensor(rng.integers(0, L_max + 1, R), dtype=torch.int32, device=dev)
-    n1 = torch.clamp(n0 + torch.tensor(rng.integers(0, 6, R), dtype=torch.int32, device=dev),
-                     max=L_max)  # fmt: skip
-    store = T.new_rows(R, L_max, D, device=dev)
-    T.extend(tokens, torch.zeros_like(n0), n0, store, D)
-    T.extend(tokens, n0, n1, store, D)
+    tokens = torch.tensor(rows, dtype=torch.int32)
+    n0 = torch.tensor(rng.integers(0, L_max + 1, R), dtype=torch.int32)
+    n1 = torch.clamp(n0 + torch.tensor(rng.integers(0, 6, R), dtype=torch.int32), max=L_max)
+    index = ops.new_ngram_index(R, L_max, min_n=1, max_n=D, scoring="frequency")
+    ops.ngram_index_build(tokens, n0, index=index)
+    ops.ngram_index_extend(tokens, n1, index=index)
     k, factor = int(rng.integers(0, 2 * D + 2)), float(rng.choice([0.5, 1.0, 4.0, 50.0]))
     min_prob = float(rng.choice([0.0, 0.1, 0.4]))
-    drafts, count, score = (t.cpu() for t in T.propose(tokens, n1, store, D, k, factor, min_prob))
-    tokens, n1, store = tokens.cpu(), n1.cpu(), [t.cpu() for t in store]
+    out = ops.ngram_propose(tokens, n1, min_n=1, max_n=D, num_speculative_tokens=k, index=index,
+                            scoring="frequency", min_token_prob=min_prob,
+                            max_spec_factor=factor)  # fmt: skip
     for r in range(R):
         row, n = tokens[r].numpy(), int(n1[r])
-        want = T.numba_row(row, n, L_max, D)
-        for got, ref in zip(store[:3], want[:3], strict=True):
-            assert np.array_equal(got[r].numpy(), ref)
-        assert store[3][r, 1:].tolist() == want[4][1:].tolist()
-        out, tmp = np.zeros(max(k, D), np.int32), np.zeros(max(k, D), np.int32)
-        t, s = ft.propose(*want, row, n, D, k, factor, min_prob, out, tmp)
-        assert (int(count[r]), float(score[r])) == (t, s)
-        assert drafts[r].tolist() == out[:t].tolist() + [-1] * (k - t)
+        store = ft.store_for(L_max, L_max)
+        start = ft.reserve(store, L_max)
+        if n:
+            ft.append(*store, row, 0, n, start, D)
+        used = int(store[4][2])
+        assert int(index.num_nodes[r]) == used
+        assert np.array_equal(index.nodes[r, :, :used].numpy(), store[2][[0, 1, 3, 4], :used])
+        buf, tmp = np.zeros(max(k, D), np.int32), np.zeros(max(k, D), np.int32)
+        t, _ = ft.propose(*store, row, n, D, k, factor, min_prob, buf, tmp)
+        assert out.draft_token_ids[r].tolist() == buf[:t].tolist() + [-1] * (k - t)
 
 
 def test_budget_corpus_keeps_its_own_copy_of_each_document():
