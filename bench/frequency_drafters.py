@@ -4,7 +4,8 @@
 :class:`Compact` (the same drafts from the compact structure,
 ``bench/baselines/frequency_compact.py``), :class:`Trie` (the same from the path-compressed
 trie, ``bench/baselines/frequency_trie.py``), :class:`TrieBudget` (its corpus under a
-token budget) and :class:`Adaptive` (the prototype with its
+token budget), :class:`FrequencyOp` (the op itself, ``ngram_propose(scoring=
+"frequency")``) and :class:`Adaptive` (the prototype with its
 factor chosen per request online), with the replay's drafter interface: ``admit``,
 ``propose``, ``commit``, ``finish`` per slot.
 """
@@ -178,6 +179,47 @@ class TrieBudget(Trie):
         del self.own[s]
         if self.shared:
             self.corpus.add(h)
+
+
+class FrequencyOp:
+    """The op: ``ngram_propose(scoring="frequency")`` on a ``FrequencyIndex`` with a row per
+    slot (one call per slot and step, as the replay asks; own history only: the op has no
+    corpus yet, so ``main`` runs it in the own-history setting alone)."""
+
+    stores = ()
+
+    def __init__(self, shared: bool, store: str, factor: float = 1.0, D: int = 64,
+                 rows: int = 32, width: int = 4096, shared_positions: int = 0):  # fmt: skip
+        import torch
+
+        from specdec_kernels import ops
+
+        self.t, self.ops, self.factor, self.D = torch, ops, factor, D
+        self.tok = torch.zeros((rows, width), dtype=torch.int32)
+        self.nt = torch.zeros(rows, dtype=torch.int32)
+        self.index = ops.new_ngram_index(rows, width, min_n=1, max_n=D, scoring="frequency")
+
+    def _row(self, s):
+        return self.t.tensor([s], dtype=self.t.int32)
+
+    def admit(self, s, h, n):
+        self.tok[s, : h.shape[0]] = self.t.from_numpy(h)  # only the first n are ever read
+        self.nt[s] = n
+        self.ops.ngram_index_build(self.tok, self.nt, self._row(s), index=self.index)
+
+    def propose(self, s, h, n, k):
+        out = self.ops.ngram_propose(
+            self.tok, self.nt, self._row(s), min_n=1, max_n=self.D, num_speculative_tokens=k,
+            index=self.index, scoring="frequency", max_spec_factor=self.factor,
+        )  # fmt: skip
+        return out.draft_token_ids[0, : int(out.num_draft_tokens[0])].tolist()
+
+    def commit(self, s, h, n0, n1):
+        self.nt[s] = n1
+        self.ops.ngram_index_extend(self.tok, self.nt, self._row(s), index=self.index)
+
+    def finish(self, s, h):
+        pass
 
 
 def accepted(draft, h, n: int, n1: int) -> int:

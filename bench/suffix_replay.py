@@ -48,6 +48,7 @@ from bench.frequency_drafters import (  # noqa: E402
     Adaptive,
     Compact,
     Frequency,
+    FrequencyOp,
     Trie,
     TrieBudget,
     accepted,
@@ -236,7 +237,7 @@ def main(argv=None) -> int:
         reqs = git_requests(DEFAULT_COMMITS, args.max_output)
         name = f"code edits, git {DEFAULT_COMMITS}"
     chosen = set(args.drafters.split(","))
-    known = {"longest", "suffix", "frequency", "adaptive", "compact", "trie", "budget"}
+    known = {"longest", "suffix", "frequency", "adaptive", "compact", "trie", "budget", "op"}
     if chosen - known:
         p.error(f"unknown drafters {sorted(chosen - known)}")
     drafters = [("longest", Longest, {})] if "longest" in chosen else []
@@ -257,6 +258,12 @@ def main(argv=None) -> int:
             for f in args.factors
             for b in args.corpus_budget
         ]
+    if "op" in chosen:
+        width = max(len(prompt) + len(out) for _, prompt, out in reqs)
+        drafters += [
+            (f"op f={f:g}", FrequencyOp, {"factor": f, "rows": args.batch, "width": width})
+            for f in args.factors
+        ]
     if "adaptive" in chosen:
         drafters.append(("frequency adaptive", Adaptive, {"shared_positions": positions}))
     tokens = sum(len(o) for _, _, o in reqs)
@@ -271,15 +278,15 @@ def main(argv=None) -> int:
         for label, cls, kw in drafters:
             t0 = time.perf_counter()
             stores = getattr(cls, "stores", ("native", "finished"))
-            own = replay(reqs, cls(False, stores[0], **kw), batch=args.batch, k=k)
+            own = replay(reqs, cls(False, (*stores, "own")[0], **kw), batch=args.batch, k=k)
             native, finished = (
                 replay(reqs, cls(True, store, **kw), batch=args.batch, k=k)
                 if store in stores
                 else float("nan")
                 for store in ("native", "finished")
             )
-            row = f"| {label} | {k} | {own:.4f} | {native:.4f} | {finished:.4f} |"
-            row = row.replace("| nan |", "| n/a |")
+            cells = " | ".join("n/a" if v != v else f"{v:.4f}" for v in (own, native, finished))
+            row = f"| {label} | {k} | {cells} |"
             print(row, f"({time.perf_counter() - t0:.0f} s)", flush=True)
             lines.append(row)
             rows.append((label, k, (own, native, finished)))
