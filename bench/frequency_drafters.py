@@ -181,6 +181,45 @@ class TrieBudget(Trie):
             self.corpus.add(h)
 
 
+class TrieGenerations(Trie):
+    """:class:`Trie` with the finished store as ``generations`` tries of ``budget /
+    generations`` slots each (tokens + one a document): documents fill the newest, a full
+    one starts the next, and the oldest is dropped whole (an exact FIFO eviction without
+    rebuilding). A proposal drafts from the own trie and from each generation alone; the
+    highest score wins (ties: own, then the newer generation)."""
+
+    stores = ("finished",)
+
+    def __init__(self, shared: bool, store: str, budget: int = 1 << 16, generations: int = 4,
+                 **kw):  # fmt: skip
+        super().__init__(False, store, **kw)
+        self.shared, self.G = shared, generations
+        self.cap = budget // generations
+        self.gens = []  # oldest first: (store, slots used)
+
+    def propose(self, s, h, n, k):
+        draft, score = self._draft(self.own[s], h, n, k)
+        for g, _ in reversed(self.gens) if self.shared else ():
+            other, other_score = self._draft(g, h, n, k)
+            if other_score > score:
+                draft, score = other, other_score
+        return draft
+
+    def finish(self, s, h):
+        del self.own[s]
+        if not self.shared:
+            return
+        for a in range(0, h.shape[0], self.cap - 1):  # pieces that fit a generation
+            piece = np.array(h[a : a + self.cap - 1], np.int32)
+            if not self.gens or self.gens[-1][1] + piece.shape[0] + 1 > self.cap:
+                self.gens.append((ft.store_for(self.cap, self.cap), 0))
+                if len(self.gens) > self.G:
+                    self.gens.pop(0)
+            g, used = self.gens[-1]
+            ft.append(*g, piece, 0, piece.shape[0], ft.reserve(g, piece.shape[0]), self.D)
+            self.gens[-1] = (g, used + piece.shape[0] + 1)
+
+
 class FrequencyOp:
     """The op: ``ngram_propose(scoring="frequency")`` on a ``FrequencyIndex`` with a row per
     slot (one call per slot and step, as the replay asks; own history only: the op has no

@@ -51,6 +51,7 @@ from bench.frequency_drafters import (  # noqa: E402
     FrequencyOp,
     Trie,
     TrieBudget,
+    TrieGenerations,
     accepted,
 )
 from bench.streams import BOTOCORE, botocore_requests  # noqa: E402
@@ -225,6 +226,10 @@ def main(argv=None) -> int:
         "--corpus-budget", type=int, nargs="+", default=[1 << 16],
         help="budget: the finished store's budgets in slots (tokens + one a document)",
     )  # fmt: skip
+    p.add_argument(
+        "--generations", type=int, nargs="+", default=[4],
+        help="generations: how many tries the finished store's budget is split into",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.stream == "stdlib":
@@ -237,7 +242,8 @@ def main(argv=None) -> int:
         reqs = git_requests(DEFAULT_COMMITS, args.max_output)
         name = f"code edits, git {DEFAULT_COMMITS}"
     chosen = set(args.drafters.split(","))
-    known = {"longest", "suffix", "frequency", "adaptive", "compact", "trie", "budget", "op"}
+    known = {"longest", "suffix", "frequency", "adaptive", "compact", "trie", "budget", "op",
+             "generations"}  # fmt: skip
     if chosen - known:
         p.error(f"unknown drafters {sorted(chosen - known)}")
     drafters = [("longest", Longest, {})] if "longest" in chosen else []
@@ -258,6 +264,14 @@ def main(argv=None) -> int:
             for f in args.factors
             for b in args.corpus_budget
         ]
+    if "generations" in chosen:
+        drafters += [
+            (f"trie f={f:g} {g} generations of {b // g}", TrieGenerations,
+             {"factor": f, "budget": b, "generations": g})
+            for f in args.factors
+            for b in args.corpus_budget
+            for g in args.generations
+        ]  # fmt: skip
     if "op" in chosen:
         width = max(len(prompt) + len(out) for _, prompt, out in reqs)
         drafters += [
