@@ -222,13 +222,14 @@ class TrieGenerations(Trie):
 
 class FrequencyOp:
     """The op: ``ngram_propose(scoring="frequency")`` on a ``FrequencyIndex`` with a row per
-    slot (one call per slot and step, as the replay asks; own history only: the op has no
-    corpus yet, so ``main`` runs it in the own-history setting alone)."""
+    slot (one call per slot and step, as the replay asks) and, when ``shared``, a
+    ``FrequencyCorpus`` of ``budget`` slots that every finished request joins (the finished
+    store: the op's corpus holds finished documents only)."""
 
-    stores = ()
+    stores = ("finished",)
 
     def __init__(self, shared: bool, store: str, factor: float = 1.0, D: int = 64,
-                 rows: int = 32, width: int = 4096, shared_positions: int = 0):  # fmt: skip
+                 rows: int = 32, width: int = 4096, budget: int = 1 << 16):  # fmt: skip
         import torch
 
         from specdec_kernels import ops
@@ -237,6 +238,9 @@ class FrequencyOp:
         self.tok = torch.zeros((rows, width), dtype=torch.int32)
         self.nt = torch.zeros(rows, dtype=torch.int32)
         self.index = ops.new_ngram_index(rows, width, min_n=1, max_n=D, scoring="frequency")
+        self.corpus = None
+        if shared:
+            self.corpus = ops.new_corpus(budget, min_n=1, max_n=D, scoring="frequency")
 
     def _row(self, s):
         return self.t.tensor([s], dtype=self.t.int32)
@@ -249,7 +253,8 @@ class FrequencyOp:
     def propose(self, s, h, n, k):
         out = self.ops.ngram_propose(
             self.tok, self.nt, self._row(s), min_n=1, max_n=self.D, num_speculative_tokens=k,
-            index=self.index, scoring="frequency", max_spec_factor=self.factor,
+            index=self.index, corpus=self.corpus, scoring="frequency",
+            max_spec_factor=self.factor,
         )  # fmt: skip
         return out.draft_token_ids[0, : int(out.num_draft_tokens[0])].tolist()
 
@@ -258,7 +263,10 @@ class FrequencyOp:
         self.ops.ngram_index_extend(self.tok, self.nt, self._row(s), index=self.index)
 
     def finish(self, s, h):
-        pass
+        if self.corpus is not None:
+            t = self.t
+            doc = t.from_numpy(np.ascontiguousarray(h, np.int32))[None]
+            self.ops.corpus_append(doc, t.tensor([h.shape[0]], dtype=t.int32), corpus=self.corpus)
 
 
 def accepted(draft, h, n: int, n1: int) -> int:

@@ -275,9 +275,11 @@ def main(argv=None) -> int:
     if "op" in chosen:
         width = max(len(prompt) + len(out) for _, prompt, out in reqs)
         drafters += [
-            (f"op f={f:g}", FrequencyOp, {"factor": f, "rows": args.batch, "width": width})
+            (f"op f={f:g} budget {b}", FrequencyOp,
+             {"factor": f, "rows": args.batch, "width": width, "budget": b})
             for f in args.factors
-        ]
+            for b in args.corpus_budget
+        ]  # fmt: skip
     if "adaptive" in chosen:
         drafters.append(("frequency adaptive", Adaptive, {"shared_positions": positions}))
     tokens = sum(len(o) for _, _, o in reqs)

@@ -15,7 +15,7 @@ from specdec_kernels.ops.draft_plan import (
     plan_draft_lengths,
     update_acceptance_stats,
 )
-from specdec_kernels.ops.frequency import FrequencyIndex
+from specdec_kernels.ops.frequency import FrequencyCorpus, FrequencyIndex
 from specdec_kernels.ops.logprobs import TopLogprobs, top_logprobs
 from specdec_kernels.ops.ngram import FrequencyProposal, NgramProposal, ngram_propose
 from specdec_kernels.ops.ngram_index import (
@@ -39,6 +39,7 @@ __all__ = [
     "Corpus",
     "NgramIndex",
     "DraftPlan",
+    "FrequencyCorpus",
     "FrequencyIndex",
     "FrequencyProposal",
     "NgramProposal",

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from specdec_kernels.constants import SCORINGS
 from specdec_kernels.cpu import corpus as _cpu
 from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._memory import full
@@ -25,6 +26,11 @@ from specdec_kernels.ops._validation import (
     check_state_tensor,
     check_tensor,
     should_check_values,
+)
+from specdec_kernels.ops.frequency import (
+    FrequencyCorpus,
+    check_frequency_corpus,
+    new_frequency_corpus,
 )
 
 
@@ -62,18 +68,26 @@ def new_corpus(
     min_n: int,
     max_n: int,
     index_slots: int | None = None,
+    scoring: str = "longest",
     device: torch.device | str | None = None,
-) -> Corpus:
+) -> Corpus | FrequencyCorpus:
     """An empty shared corpus of ``capacity`` (``C``) tokens with ``index_slots`` (``H``) per n.
 
     Default ``H = 4 * C``. Memory ``C x 20 + (max_n - min_n + 1) x H x 8`` bytes (1M tokens,
     4 n: 148 MiB). A lookup may miss, never errs; the loss rate is in the contract:
     ``docs/design.md``, "Shared corpus".
 
+    ``scoring="frequency"`` (a :class:`FrequencyCorpus` for ``ngram_propose(...,
+    scoring="frequency")``): a budget of ``C >= 16`` slots (a document takes its tokens plus
+    one), ``max_n`` the depth D; the oldest documents are evicted exactly, by rebuilding;
+    two stores of ~(36 + 12 S / C) B a slot each (``S`` the trie's power-of-two table, ~2.7-5.3
+    C). Contract: ``docs/design.md``, "Frequency-scored drafting".
+
     Raises
     ------
     ValueError
-        ``capacity < 1``, ``index_slots < 1``, a bad n range.
+        ``capacity < 1``, ``index_slots < 1``, a bad n range, an unknown ``scoring``; for
+        ``"frequency"``: ``capacity < 16``, ``max_n > FREQUENCY_MAX_DEPTH``, ``index_slots``.
 
     Examples
     --------
@@ -83,6 +97,12 @@ def new_corpus(
     """
     check_int("capacity", capacity, min_value=1)
     check_n_range(min_n, max_n)
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    if scoring == "frequency":
+        if index_slots is not None:
+            raise ValueError('index_slots sizes a corpus of scoring="longest" only')
+        return new_frequency_corpus(capacity, min_n=min_n, max_n=max_n, device=device)
     H = 4 * capacity if index_slots is None else check_int("index_slots", index_slots, min_value=1)
     N = max_n - min_n + 1
     return Corpus(
@@ -95,10 +115,14 @@ def new_corpus(
     )
 
 
-def check_corpus(corpus: object, device: torch.device) -> Corpus:
-    """A well-formed :class:`Corpus` on ``device``."""
+def check_corpus(corpus: object, device: torch.device) -> Corpus | FrequencyCorpus:
+    """A well-formed :class:`Corpus` or :class:`FrequencyCorpus` on ``device``."""
+    if isinstance(corpus, FrequencyCorpus):
+        return check_frequency_corpus(corpus, device)
     if not isinstance(corpus, Corpus):
-        raise ValueError(f"corpus must be a Corpus (new_corpus), got {type(corpus).__name__}")
+        raise ValueError(
+            f"corpus must be a Corpus or FrequencyCorpus (new_corpus), got {type(corpus).__name__}"
+        )
     check_n_range(corpus.min_n, corpus.max_n)
     tokens = check_state_tensor(
         "corpus.tokens", corpus.tokens, dtype=torch.int32, ndim=1, device=device
@@ -129,7 +153,7 @@ def corpus_append(
     doc_lens: torch.Tensor,
     req_indices: torch.Tensor | None = None,
     *,
-    corpus: Corpus,
+    corpus: Corpus | FrequencyCorpus,
     validate: bool | None = None,
 ) -> None:
     """Append one immutable document per batch row to the shared corpus, oldest first.
@@ -150,7 +174,7 @@ def corpus_append(
     req_indices : torch.Tensor, optional
         int32 ``[B]``, rows of ``doc_tokens`` to append, in order (oldest first); -1 =
         nothing. Default: every row.
-    corpus : Corpus
+    corpus : Corpus or FrequencyCorpus
         The shared corpus (:func:`new_corpus`), updated in place.
     validate : bool, optional
         Run the value checks. Default: only for CPU tensors.
@@ -181,12 +205,18 @@ def corpus_append(
         check_req_indices_values(req_indices, R, what="rows of doc_tokens")
         what = "doc_tokens.shape[1], for the batch"
         check_rows_range("doc_lens", doc_lens, req_indices, B, 0, W, what)
+    frequency = isinstance(corpus, FrequencyCorpus)
     call(
-        "corpus_append",
+        "frequency_corpus_append" if frequency else "corpus_append",
         doc_tokens=doc_tokens,
         doc_lens=doc_lens.contiguous(),
         req_indices=None if req_indices is None else req_indices.contiguous(),
-        corpus=[corpus.tokens, corpus.meta, corpus.index, corpus.state],
+        corpus=corpus_tensors(corpus),
         min_n=corpus.min_n,
         max_n=corpus.max_n,
     )
+
+
+def corpus_tensors(corpus: Corpus | FrequencyCorpus) -> list[torch.Tensor]:
+    """The state's tensors in schema order (a ``Tensor[]`` argument)."""
+    return list(corpus[:-2])

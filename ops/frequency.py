@@ -9,15 +9,17 @@ Made by ``new_ngram_index(..., scoring="frequency")`` and kept up to date by
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import torch
 
-from specdec_kernels.constants import FREQUENCY_MAX_DEPTH
+from specdec_kernels.constants import FREQUENCY_CORPUS_STATE, FREQUENCY_MAX_DEPTH
 from specdec_kernels.cpu import frequency as _cpu
+from specdec_kernels.cpu import frequency_corpus as _cpu_corpus
 from specdec_kernels.ops._library import define
 from specdec_kernels.ops._memory import full
-from specdec_kernels.ops._validation import check_shape, check_state_tensor
+from specdec_kernels.ops._validation import check_n_range, check_shape, check_state_tensor
 
 
 class FrequencyIndex(NamedTuple):
@@ -57,8 +59,43 @@ for _name in ("frequency_index_build", "frequency_index_extend"):
     )
 
 
+class FrequencyCorpus(NamedTuple):
+    """Shared corpus for frequency scoring: two stores of a token array and a context trie,
+    one active (``new_corpus(..., scoring="frequency")``)."""
+
+    tokens: torch.Tensor
+    """int32 ``[2, C + C // 8]``: each store's documents, back to back."""
+    keys: torch.Tensor
+    """int64 ``[2, S]``: each store's trie table (as :class:`FrequencyIndex`'s rows)."""
+    vals: torch.Tensor
+    """int32 ``[2, S]``."""
+    nodes: torch.Tensor
+    """int32 ``[2, 4, 2 C + 1]``: each store's nodes; ``C``, the budget, is read from here."""
+    num_nodes: torch.Tensor
+    """int32 ``[2]``."""
+    docs: torch.Tensor
+    """int64 ``[C // 2 + 2, 3]``: a ring of documents: length, start in store 0 and 1."""
+    state: torch.Tensor
+    """int64 ``[11]``: the fields of ``FREQUENCY_CORPUS_STATE``."""
+    min_n: int
+    max_n: int
+
+
+def _no_append_output(doc_tokens, doc_lens, req_indices, corpus, *, min_n, max_n):
+    return None
+
+
+define(
+    "frequency_corpus_append(Tensor doc_tokens, Tensor doc_lens, Tensor? req_indices, "
+    "Tensor(a!)[] corpus, *, int min_n, int max_n) -> ()",
+    cpu=_cpu_corpus.frequency_corpus_append,
+    cuda="specdec_kernels.kernels.frequency_corpus:frequency_corpus_append",
+    fake=_no_append_output,
+)
+
+
 def _propose_fake(
-    token_ids, num_tokens, req_indices, max_draft_tokens, index, *, min_n, max_n,
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
     num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
 ):  # fmt: skip
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
@@ -75,7 +112,7 @@ def _propose_fake(
 
 define(
     "frequency_propose(Tensor token_ids, Tensor num_tokens, Tensor? req_indices, "
-    "Tensor? max_draft_tokens, Tensor[] index, *, int min_n, int max_n, "
+    "Tensor? max_draft_tokens, Tensor[] index, Tensor[]? corpus, *, int min_n, int max_n, "
     "int num_speculative_tokens, int? max_model_len, float min_token_prob, "
     "float max_spec_factor, float max_spec_offset) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     cpu=_cpu.frequency_propose,
@@ -93,18 +130,48 @@ def nodes_for(max_model_len: int) -> int:
 def slots_for(max_model_len: int) -> int:
     """The default hash slots per row: the smallest power of two holding a full row's keys
     (one a node but the root) at most 3/4 full."""
-    return 1 << max(4, math.ceil(math.log2(4 * (nodes_for(max_model_len) - 1) / 3 + 1)))
+    return 1 << max(4, math.ceil(math.log2(4 * (nodes_for(max_model_len) - 1) / 3)))
+
+
+def check_depth(min_n: int, max_n: int) -> None:
+    """The context range of frequency scoring: ``max_n`` (D) bounds a context plus its
+    drafts, so a context of ``m >= max_n`` tokens never drafts: ``min_n < max_n <= 1024``."""
+    if max_n > FREQUENCY_MAX_DEPTH:
+        raise ValueError(
+            f"max_n of frequency scoring (the depth D) must be <= {FREQUENCY_MAX_DEPTH}, got "
+            f"{max_n}"
+        )
+    if min_n >= max_n:
+        raise ValueError(
+            f"frequency scoring drafts max_n - m tokens after a context of m >= min_n tokens, "
+            f"so min_n < max_n is needed (max_n is the depth D, e.g. 64), got min_n={min_n}, "
+            f"max_n={max_n}"
+        )
+
+
+def check_frequency_params(min_token_prob, max_spec_factor, max_spec_offset):
+    """The chain's stop rules as floats: ``min_token_prob`` in ``[0, 1]``, the others
+    ``>= 0`` (``inf`` allowed); None: SuffixDecoding's defaults 0.1, 1.0, 0.0."""
+    out = []
+    for name, v, default in (("min_token_prob", min_token_prob, 0.1),
+                             ("max_spec_factor", max_spec_factor, 1.0),
+                             ("max_spec_offset", max_spec_offset, 0.0)):  # fmt: skip
+        if v is None:
+            out.append(default)
+            continue
+        ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and float(v) >= 0.0
+        if not ok or (name == "min_token_prob" and float(v) > 1.0):
+            what = "in [0, 1]" if name == "min_token_prob" else ">= 0"
+            raise ValueError(f"{name} must be a real number {what}, got {v!r}")
+        out.append(float(v))
+    return tuple(out)
 
 
 def new_frequency_index(
     num_rows: int, max_model_len: int, *, min_n: int, max_n: int, slots: int | None, device
 ) -> FrequencyIndex:
     """``new_ngram_index(..., scoring="frequency")`` (checked there)."""
-    if max_n > FREQUENCY_MAX_DEPTH:
-        raise ValueError(
-            f"max_n of a frequency index (its depth D) must be <= {FREQUENCY_MAX_DEPTH}, got "
-            f"{max_n}"
-        )
+    check_depth(min_n, max_n)
     M = nodes_for(max_model_len)
     S = slots_for(max_model_len) if slots is None else slots
     if S & (S - 1) or S < M:
@@ -137,8 +204,9 @@ def check_frequency_index(index: FrequencyIndex, token_ids: torch.Tensor) -> Fre
     S = keys.shape[1]
     if keys.shape[0] != R or S & (S - 1) or S < max(M, nodes.shape[2]):
         raise ValueError(
-            f"index.keys must have shape ({R}, S) with S a power of two >= index.nodes.shape[2] "
-            f"(rows of token_ids), got {tuple(keys.shape)}"
+            f"index.keys must have shape ({R}, S) with S a power of two >= 2 * "
+            f"token_ids.shape[1] + 1 ({M}) and >= index.nodes.shape[2] ({nodes.shape[2]}): "
+            f"made for shorter rows? got {tuple(keys.shape)}"
         )
     check_shape("index.vals", vals, (R, S), "as index.keys")
     if nodes.shape[0] != R or nodes.shape[1] != 4 or nodes.shape[2] < M:
@@ -151,20 +219,77 @@ def check_frequency_index(index: FrequencyIndex, token_ids: torch.Tensor) -> Fre
             f"index.{name}", getattr(index, name), dtype=torch.int32, ndim=1, device=device
         )
         check_shape(f"index.{name}", t, (R,), "one per row of token_ids")
-    if not 1 <= index.max_n <= FREQUENCY_MAX_DEPTH:
-        raise ValueError(f"index.max_n must be in [1, {FREQUENCY_MAX_DEPTH}], got {index.max_n}")
+    check_n_range(index.min_n, index.max_n)
+    check_depth(index.min_n, index.max_n)
     return index
+
+
+def new_frequency_corpus(capacity: int, *, min_n: int, max_n: int, device) -> FrequencyCorpus:
+    """``new_corpus(..., scoring="frequency")`` (checked there)."""
+    if capacity < 16:
+        raise ValueError(
+            f"capacity of a frequency corpus must be >= 16 slots (its pieces are C / 8 - 1 "
+            f"tokens), got {capacity}"
+        )
+    check_depth(min_n, max_n)
+    C = capacity
+    S = slots_for(C)
+    nodes = torch.zeros((2, 4, 2 * C + 1), dtype=torch.int32, device=device)
+    nodes[:, 3] = -1
+    docs = torch.full((C // 2 + 2, 3), -1, dtype=torch.int64, device=device)
+    docs[:, 0] = 0
+    return FrequencyCorpus(
+        torch.zeros((2, C + C // 8), dtype=torch.int32, device=device),
+        full((2, S), 0, dtype=torch.int64, device=device),
+        torch.zeros((2, S), dtype=torch.int32, device=device),
+        nodes,
+        torch.ones((2,), dtype=torch.int32, device=device),
+        docs,
+        torch.zeros((len(FREQUENCY_CORPUS_STATE),), dtype=torch.int64, device=device),
+        min_n,
+        max_n,
+    )
+
+
+def check_frequency_corpus(corpus: FrequencyCorpus, device: torch.device) -> FrequencyCorpus:
+    """A :class:`FrequencyCorpus` whose shapes agree with its budget ``C`` (from ``nodes``)."""
+    nodes = check_state_tensor(
+        "corpus.nodes", corpus.nodes, dtype=torch.int32, ndim=3, device=device
+    )
+    if nodes.shape[0] != 2 or nodes.shape[1] != 4 or nodes.shape[2] < 33 or nodes.shape[2] % 2 == 0:
+        raise ValueError(
+            f"corpus.nodes must have shape (2, 4, 2 C + 1) with C >= 16, got {tuple(nodes.shape)}"
+        )
+    C = (nodes.shape[2] - 1) // 2
+    keys = check_state_tensor("corpus.keys", corpus.keys, dtype=torch.int64, ndim=2,
+                              device=device)  # fmt: skip
+    shapes = {"tokens": ((2, C + C // 8), torch.int32), "keys": ((2, -1), torch.int64),
+              "vals": ((2, -1), torch.int32), "num_nodes": ((2,), torch.int32),
+              "docs": ((C // 2 + 2, 3), torch.int64),
+              "state": ((len(FREQUENCY_CORPUS_STATE),), torch.int64)}  # fmt: skip
+    for name, (shape, dtype) in shapes.items():
+        t = check_state_tensor(f"corpus.{name}", getattr(corpus, name), dtype=dtype,
+                               ndim=len(shape), device=device)  # fmt: skip
+        want = tuple(keys.shape[1] if n < 0 else n for n in shape)
+        check_shape(f"corpus.{name}", t, want, f"a corpus of C = {C} slots")
+    S = keys.shape[1]
+    if S & (S - 1) or S < 2 * C + 1:
+        raise ValueError(f"corpus.keys must have a power of two >= 2 C + 1 slots, got {S}")
+    check_n_range(corpus.min_n, corpus.max_n)
+    check_depth(corpus.min_n, corpus.max_n)
+    return corpus
 
 
 def check_proposal_args(scoring: str, index, corpus, args: dict) -> None:
     """``ngram_propose``'s scoring rules: ``"frequency"`` needs a :class:`FrequencyIndex`
-    (and no corpus yet), ``"longest"`` refuses one and the frequency-only arguments."""
+    (and a :class:`FrequencyCorpus` if any), ``"longest"`` refuses them and the
+    frequency-only arguments."""
     frequency_only = {k: v for k, v in args.items() if v is not None}
     if scoring == "longest":
-        if isinstance(index, FrequencyIndex):
+        if isinstance(index, FrequencyIndex) or isinstance(corpus, FrequencyCorpus):
             raise ValueError(
-                'a FrequencyIndex serves scoring="frequency" only; pass scoring="frequency" '
-                "or an NgramIndex"
+                'a FrequencyIndex or FrequencyCorpus serves scoring="frequency" only; pass '
+                'scoring="frequency", or an NgramIndex and a Corpus'
             )
         if frequency_only:
             raise ValueError(
@@ -176,12 +301,9 @@ def check_proposal_args(scoring: str, index, corpus, args: dict) -> None:
             'scoring="frequency" needs index=new_ngram_index(..., scoring="frequency"), got '
             f"{'None' if index is None else type(index).__name__}"
         )
-    if corpus is not None:
-        raise ValueError('scoring="frequency" does not draft from a corpus yet (corpus=None)')
-    prob = args["min_token_prob"]
-    if prob is not None and not (isinstance(prob, (int, float)) and 0.0 <= prob <= 1.0):
-        raise ValueError(f"min_token_prob must be in [0, 1], got {prob!r}")
-    for name in ("max_spec_factor", "max_spec_offset"):
-        v = args[name]
-        if v is not None and not (isinstance(v, (int, float)) and v >= 0.0):
-            raise ValueError(f"{name} must be >= 0, got {v!r}")
+    if corpus is not None and not isinstance(corpus, FrequencyCorpus):
+        raise ValueError(
+            'scoring="frequency" drafts from a FrequencyCorpus (new_corpus(..., '
+            f'scoring="frequency")), got {type(corpus).__name__}'
+        )
+    check_frequency_params(**args)

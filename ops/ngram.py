@@ -26,8 +26,13 @@ from specdec_kernels.ops._validation import (
     check_token_state,
     should_check_values,
 )
-from specdec_kernels.ops.corpus import Corpus, check_corpus
-from specdec_kernels.ops.frequency import FrequencyIndex, check_proposal_args
+from specdec_kernels.ops.corpus import Corpus, check_corpus, corpus_tensors
+from specdec_kernels.ops.frequency import (
+    FrequencyCorpus,
+    FrequencyIndex,
+    check_frequency_params,
+    check_proposal_args,
+)
 from specdec_kernels.ops.ngram_index import NgramIndex, check_index
 
 
@@ -110,7 +115,7 @@ def ngram_propose(
     max_draft_tokens: torch.Tensor | None = None,
     tie_break: str = "first",
     index: NgramIndex | FrequencyIndex | None = None,
-    corpus: Corpus | None = None,
+    corpus: Corpus | FrequencyCorpus | None = None,
     scoring: str = "longest",
     min_token_prob: float | None = None,
     max_spec_factor: float | None = None,
@@ -156,9 +161,10 @@ def ngram_propose(
         The own-history index of ``token_ids`` (``new_ngram_index``), up to date:
         ``index.length == num_tokens`` for the batch rows. None: scan the histories. A
         ``FrequencyIndex`` (required) with ``scoring="frequency"``.
-    corpus : Corpus, optional
-        The shared corpus (``new_corpus``) to draft from too. None: own history only.
-        ``"longest"`` only, for now.
+    corpus : Corpus or FrequencyCorpus, optional
+        The shared corpus (``new_corpus``) to draft from too. None: own history only. A
+        ``FrequencyCorpus`` with ``scoring="frequency"`` (its chain wins on a higher
+        score; ties: the own history).
     scoring : {"longest", "frequency"}
         The rule above; ``"longest"`` is vLLM's.
     min_token_prob, max_spec_factor, max_spec_offset : float, optional
@@ -226,6 +232,11 @@ def ngram_propose(
     frequency_args = dict(min_token_prob=min_token_prob, max_spec_factor=max_spec_factor,
                           max_spec_offset=max_spec_offset)  # fmt: skip
     check_proposal_args(scoring, index, corpus, frequency_args)
+    if scoring == "frequency" and tie_break != "first":
+        raise ValueError(
+            f"tie_break={tie_break!r} picks among n-gram occurrences (scoring='longest'); "
+            "frequency scoring counts them all"
+        )
     if index is not None:
         _check_same_n("index", check_index(index, token_ids), min_n, max_n)
     if corpus is not None:
@@ -237,6 +248,7 @@ def ngram_propose(
             _check_values, num_tokens, req_indices, max_draft_tokens, index, B, R, L_max
         )
     if scoring == "frequency":
+        prob, factor, offset = check_frequency_params(**frequency_args)
         return FrequencyProposal(*call(
             "frequency_propose",
             token_ids=token_ids,
@@ -244,13 +256,14 @@ def ngram_propose(
             req_indices=None if req_indices is None else req_indices.contiguous(),
             max_draft_tokens=None if max_draft_tokens is None else max_draft_tokens.contiguous(),
             index=[index.keys, index.vals, index.nodes, index.num_nodes, index.length],
+            corpus=None if corpus is None else corpus_tensors(corpus),
             min_n=min_n,
             max_n=max_n,
             num_speculative_tokens=num_speculative_tokens,
             max_model_len=max_model_len,
-            min_token_prob=float(0.1 if min_token_prob is None else min_token_prob),
-            max_spec_factor=float(1.0 if max_spec_factor is None else max_spec_factor),
-            max_spec_offset=float(0.0 if max_spec_offset is None else max_spec_offset),
+            min_token_prob=prob,
+            max_spec_factor=factor,
+            max_spec_offset=offset,
             value_checks=value_checks,
         ))  # fmt: skip
     drafts, counts, match_len, source = call(
@@ -260,7 +273,7 @@ def ngram_propose(
         req_indices=None if req_indices is None else req_indices.contiguous(),
         max_draft_tokens=None if max_draft_tokens is None else max_draft_tokens.contiguous(),
         index=None if index is None else [index.table, index.length],
-        corpus=None if corpus is None else [corpus.tokens, corpus.meta, corpus.index, corpus.state],
+        corpus=None if corpus is None else corpus_tensors(corpus),
         min_n=min_n,
         max_n=max_n,
         num_speculative_tokens=num_speculative_tokens,

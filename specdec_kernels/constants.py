@@ -63,6 +63,19 @@ FREQUENCY_HASH_C2 = 0xC2B2AE35
 """The frequency trie's slot hash of ``(parent node, token)`` (a 32-bit murmur3-style mix,
 ``specdec_kernels/reference/frequency.py``): the same in every path."""
 
+FREQUENCY_CORPUS_STATE = (
+    "active", "size", "reserved0", "reserved1", "rebuilding", "first_survivor", "next_doc",
+    "next_offset", "new_size", "head", "tail",
+)  # fmt: skip
+"""The fields of a frequency corpus's int64 ``state`` (``docs/design.md``, "Frequency-scored
+drafting"): the active store, its live slots, the tokens written to each store, whether a
+rebuild runs, its first surviving document, the next document (ring index) and offset it
+counts and the slots it has counted, and the document ring's head and tail."""
+
+FREQUENCY_CORPUS_WORK = 6
+"""Slots a rebuilding corpus counts into its new store per slot added (``1 + (1 - 3r) / r``
+rounded up, at the slack ``r = 1/8``): it catches up before the live size passes ``C``."""
+
 __all__ = [
     "DRAFT_SOURCE_CORPUS",
     "DRAFT_SOURCE_NONE",

@@ -148,13 +148,26 @@ def _frequency_index(tok, nt, lens=None):
     return index
 
 
+FREQ_DOCS = [[9, 1, 9, 1, 9, 3], [1, 2, 3, 1, 2, 3, 1], [5, 5, 6], [7, 8, 9, 7, 8], [4, 4]]
+
+
+def _frequency_corpus(capacity=24):
+    """A corpus of 24 slots (pieces of 2 tokens) that has rebuilt and evicted already."""
+    corpus = ops.new_corpus(capacity, min_n=1, max_n=FREQ_D, scoring="frequency")
+    docs, lens = history(FREQ_DOCS, 7)
+    ops.corpus_append(docs, lens, corpus=corpus)
+    return corpus
+
+
 def _frequency_args(*, batch: bool) -> dict:
     tok, nt = history(FREQ_ROWS, 14)
     return dict(
         token_ids=tok, num_tokens=nt,
         req_indices=i32([3, 0, -1, 1, 4, 2]) if batch else None,
         max_draft_tokens=i32([4, 3, 4, 4, 4, 2]) if batch else None,
-        index=list(_frequency_index(tok, nt)[:5]), min_n=2 if batch else 1, max_n=FREQ_D,
+        index=list(_frequency_index(tok, nt)[:5]),
+        corpus=list(_frequency_corpus(64 if batch else 24)[:7]),
+        min_n=2 if batch else 1, max_n=FREQ_D,
         num_speculative_tokens=4, max_model_len=13 if batch else None,
         min_token_prob=0.3 if batch else 0.0, max_spec_factor=2.0 if batch else 1.0,
         max_spec_offset=0.5 if batch else 0.0,
@@ -163,12 +176,15 @@ def _frequency_args(*, batch: bool) -> dict:
 
 def _frequency_public(a: dict) -> tuple:
     index = ops.FrequencyIndex(*a["index"], a["min_n"], a["max_n"])
+    corpus = None
+    if a["corpus"] is not None:
+        corpus = ops.FrequencyCorpus(*a["corpus"], a["min_n"], a["max_n"])
     return tuple(
         ops.ngram_propose(
             a["token_ids"], a["num_tokens"], a["req_indices"], min_n=a["min_n"],
             max_n=a["max_n"], num_speculative_tokens=a["num_speculative_tokens"],
             max_model_len=a["max_model_len"], max_draft_tokens=a["max_draft_tokens"],
-            index=index, scoring="frequency", min_token_prob=a["min_token_prob"],
+            index=index, corpus=corpus, scoring="frequency", min_token_prob=a["min_token_prob"],
             max_spec_factor=a["max_spec_factor"], max_spec_offset=a["max_spec_offset"],
         )
     )  # fmt: skip
@@ -180,6 +196,19 @@ def _frequency_index_args(*, extend: bool) -> dict:
     req = None if extend else i32([2, -1, 0, 4])
     return dict(token_ids=tok, num_tokens=nt, req_indices=req, index=list(index[:5]), min_n=1,
                 max_n=FREQ_D)  # fmt: skip
+
+
+def _frequency_corpus_args(*, capacity: int, req) -> dict:
+    corpus = _frequency_corpus(capacity)
+    docs, lens = history([[3, 1, 2, 3, 1, 2, 3], [6, 6, 6, 6], [2, 9]], 7)
+    return dict(doc_tokens=docs, doc_lens=lens, req_indices=req, corpus=list(corpus[:7]),
+                min_n=1, max_n=FREQ_D)  # fmt: skip
+
+
+def _frequency_corpus_public(a: dict) -> tuple:
+    corpus = ops.FrequencyCorpus(*a["corpus"], a["min_n"], a["max_n"])
+    ops.corpus_append(a["doc_tokens"], a["doc_lens"], a["req_indices"], corpus=corpus)
+    return ()
 
 
 def _frequency_index_public(fn):
@@ -515,6 +544,22 @@ CASES: list[OpCase] = [
     ),  # fmt: skip
     OpCase("frequency_propose", "batch", lambda: _frequency_args(batch=True), _frequency_public),
     OpCase("frequency_propose", "plain", lambda: _frequency_args(batch=False), _frequency_public),
+    OpCase(
+        "frequency_propose",
+        "no-corpus",
+        lambda: {**_frequency_args(batch=True), "corpus": None},
+        _frequency_public,
+    ),  # fmt: skip
+    *(
+        OpCase(
+            "frequency_corpus_append",
+            name,
+            lambda c=c, req=req: _frequency_corpus_args(capacity=c, req=req),
+            _frequency_corpus_public,
+            ("corpus",),
+        )  # fmt: skip
+        for name, c, req in (("rebuilds", 24, None), ("padding", 64, i32([2, -1, 0])))
+    ),
     *(
         OpCase(
             f"frequency_index_{fn}",

@@ -187,17 +187,19 @@ def test_shared_corpus_keeps_greedy_tokens_and_drafts_from_finished_requests(loa
     recs = [tokenize(loaded.tokenizer, p["prompt"]) for p in json.loads(path.read_text())[:2]]
     reqs = [recs[0], recs[1], recs[0]]
     params = [SamplingParams(max_tokens=n) for n in (24, 8, 24)]
-    runs = {}
-    for corpus in (0, 4096):
-        eng = Engine(
-            model64, max_batch_size=1, max_model_len=512, num_speculative_tokens=4, min_n=1,
-            max_n=3, stop_token_ids=stop, corpus_tokens=corpus, draft_policy="fixed",
-        )  # fmt: skip
-        runs[corpus] = eng.generate(reqs, params)
-    (plain, _), (with_corpus, s1) = runs[0], runs[4096]
-    assert [c.token_ids for c in with_corpus] == [c.token_ids for c in plain]
-    assert with_corpus[2].steps < plain[2].steps
-    assert s1.host_reads == s1.steps
+    for scoring, max_n in (("longest", 3), ("frequency", 16)):
+        runs = {}
+        for corpus in (0, 4096):
+            eng = Engine(
+                model64, max_batch_size=1, max_model_len=512, num_speculative_tokens=4, min_n=1,
+                max_n=max_n, stop_token_ids=stop, corpus_tokens=corpus, draft_policy="fixed",
+                scoring=scoring,
+            )  # fmt: skip
+            runs[corpus] = eng.generate(reqs, params)
+        (plain, _), (with_corpus, s1) = runs[0], runs[4096]
+        assert [c.token_ids for c in with_corpus] == [c.token_ids for c in plain]
+        assert with_corpus[2].steps < plain[2].steps, scoring
+        assert s1.host_reads == s1.steps
 
 
 def test_sampled_decoding_depends_on_seed_not_on_batch(loaded, model64, prompts):
@@ -311,7 +313,7 @@ def test_engine_logits_match_transformers(loaded, prompts):
         (["-k", "-1"], "num-speculative-tokens must be >= 0"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--max-model-len", "32"], "max_model_len is 32: shorten it or raise --max-model-len"),
-        (["--scoring", "frequency", "--corpus", "64"], "--corpus drafts with --scoring longest"),
+        (["--scoring", "frequency", "--max-n", "1"], "--scoring frequency needs --min-n < --max-n"),
     ],
 )
 def test_cli_bad_input_one_line_and_nonzero_exit(argv, match, capsys, tmp_path):

@@ -33,19 +33,21 @@ def _index(tok, nt, D, *, min_n=1, device=None):
     return index
 
 
-def _propose(impl, tok, nt, index, *, k, req=None, caps=None, max_model_len=None, **params):
+def _propose(impl, tok, nt, index, *, k, req=None, caps=None, max_model_len=None, corpus=None,
+             **params):  # fmt: skip
     """One path's proposal as CPU lists: drafts, counts, match_len, source, probs."""
     params = {"min_token_prob": 0.1, "max_spec_factor": 1.0, "max_spec_offset": 0.0, **params}
     kw = dict(min_n=index.min_n, max_n=index.max_n, num_speculative_tokens=k,
               max_model_len=max_model_len, **params)  # fmt: skip
     if impl == "ops":
-        out = ops.ngram_propose(tok, nt, req, max_draft_tokens=caps, index=index,
+        out = ops.ngram_propose(tok, nt, req, max_draft_tokens=caps, index=index, corpus=corpus,
                                 scoring="frequency", **kw)  # fmt: skip
     else:
         dev = index.keys.device
         on = [None if t is None else t.to(dev) for t in (tok, nt, req, caps)]
         fn = _ref.frequency_propose if impl == "reference" else _triton.frequency_propose
-        out = fn(*on, list(index[:5]), **kw)
+        c = None if corpus is None else [t.to(dev) for t in corpus[:7]]
+        out = fn(*on, list(index[:5]), c, **kw)
     return [t.cpu().tolist() for t in out]
 
 
@@ -108,9 +110,9 @@ def _cases(draw):
     W = draw(st.integers(1, 30))
     V = draw(st.integers(1, 4))
     rows = [draw(st.lists(st.integers(0, V - 1), max_size=W)) for _ in range(R)]
-    D = draw(st.integers(1, 10))
+    D = draw(st.integers(2, 10))
     return dict(
-        rows=rows, W=W, D=D, min_n=draw(st.integers(1, max(1, min(D, 3)))),
+        rows=rows, W=W, D=D, min_n=draw(st.integers(1, min(D - 1, 3))),
         k=draw(st.integers(0, 6)),
         params=dict(min_token_prob=draw(st.sampled_from([0.0, 0.1, 0.34, 1.0])),
                     max_spec_factor=draw(st.sampled_from([0.0, 0.5, 1.0, 4.0, math.inf])),
@@ -209,6 +211,27 @@ def test_unchecked_garbage_state_neither_hangs_nor_reads_outside_its_arrays():
         assert out.draft_token_ids.shape == (1, 3)
 
 
+@pytest.mark.parametrize("impl", ["ops", "triton"])
+def test_a_corrupt_node_count_or_depth_stays_inside_the_arrays(impl, kernel_device):
+    # found by review: a node count past M, and a negative depth whose path entry the
+    # update walk then read unfilled (validate=False; the default checks do not read them)
+    dev = kernel_device if impl == "triton" else torch.device("cpu")
+    tok, nt = (t.to(dev) for t in history([[1, 2, 1, 2, 1]], width=5))
+    index = _index(tok, nt, 4)
+    index.num_nodes[0] = 2**31 - 1
+    index.nodes[0, 3, 1:] = 10**8
+    d, c, *_ = _propose(impl, tok, nt, index, k=3)
+    assert len(d[0]) == 3
+    tok, nt = (t.to(dev) for t in history([[2, 2, 2, 2]], width=4))
+    index = _index(tok, nt - 1, 7)
+    index.nodes[0, 1, 1:3] = -(10**6)
+    if impl == "ops":
+        ops.ngram_index_extend(tok, nt, index=index, validate=False)
+    else:
+        _triton.frequency_index_extend(tok, nt, None, list(index[:5]), min_n=1, max_n=7)
+    assert int(index.length[0]) == 4
+
+
 def test_k_zero_padding_rows_and_caps():
     tok, nt = history([[1, 2, 1, 2, 1], [3, 3, 3]], width=6)
     index = _index(tok, nt, 5)
@@ -233,16 +256,20 @@ def _call(**over):
 @pytest.mark.parametrize(
     "over, match",
     [
-        (dict(min_token_prob=-0.1), r"min_token_prob must be in \[0, 1\]"),
-        (dict(min_token_prob=1.5), r"min_token_prob must be in \[0, 1\]"),
-        (dict(min_token_prob=float("nan")), r"min_token_prob must be in \[0, 1\]"),
-        (dict(max_spec_factor=-1.0), "max_spec_factor must be >= 0"),
-        (dict(max_spec_offset=-0.5), "max_spec_offset must be >= 0"),
-        (dict(scoring="longest"), 'a FrequencyIndex serves scoring="frequency" only'),
+        (dict(min_token_prob=-0.1), r"min_token_prob must be a real number in \[0, 1\]"),
+        (dict(min_token_prob=1.5), r"min_token_prob must be a real number in \[0, 1\]"),
+        (dict(min_token_prob=float("nan")), r"min_token_prob must be a real number in \[0, 1\]"),
+        (dict(max_spec_factor=-1.0), "max_spec_factor must be a real number >= 0"),
+        (dict(max_spec_offset=-0.5), "max_spec_offset must be a real number >= 0"),
+        (dict(scoring="longest"), "a FrequencyIndex or FrequencyCorpus serves scoring"),
         (dict(scoring="best"), "scoring must be one of"),
         (dict(index=None), "needs index=new_ngram_index"),
         (dict(max_n=5), "index was made for n in"),
-        (dict(corpus=ops.new_corpus(8, min_n=1, max_n=4)), "does not draft from a corpus"),
+        (dict(corpus=ops.new_corpus(8, min_n=1, max_n=4)), "drafts from a FrequencyCorpus"),
+        (
+            dict(corpus=ops.new_corpus(16, min_n=1, max_n=5, scoring="frequency")),
+            "corpus was made for n in",
+        ),
     ],
 )
 def test_bad_proposal_arguments_raise(over, match):

@@ -253,10 +253,28 @@ for flag in (False, True):
         build(K._extend_kernel, dict(FROM_SCRATCH=scratch, HAS_REQ_INDICES=flag, **absent), i64)
     for caps in (False, True):
         cap = {} if caps else dict(max_draft_tokens_ptr=None)
+        corpus = {"c_keys_ptr": "*i64", "c_state_ptr": "*i64"} if caps else {}
+        none = {} if caps else {f"c_{n}_ptr": None for n in ("tokens", "keys", "vals", "nodes",
+                                                              "used", "state")}  # fmt: skip
         build(K._propose_kernel, dict(HAS_REQ_INDICES=flag, HAS_MAX_DRAFT=caps,
-              HAS_MAX_MODEL_LEN=caps, K_BLOCK=8, **absent, **cap), i64, bits)  # fmt: skip
+              HAS_MAX_MODEL_LEN=caps, HAS_CORPUS=caps, K_BLOCK=8, **absent, **cap, **none),
+              {**i64, **corpus}, bits)  # fmt: skip
 print("compiled")
 """
+
+_FREQUENCY_CORPUS = r"""
+from specdec_kernels.kernels import frequency_corpus as K
+i64 = {"keys_ptr": "*i64", "docs_ptr": "*i64", "state_ptr": "*i64", "path_ptr": "*i64"}
+for flag in (False, True):
+    absent = {} if flag else dict(req_indices_ptr=None)  # None: an absent tensor
+    build(K._corpus_append_kernel, dict(HAS_REQ_INDICES=flag, BLOCK=1024, **absent), i64)
+print("compiled")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
+def test_frequency_corpus_kernels_compile_for_the_gpu():
+    compile_for_gpu(_FREQUENCY_CORPUS)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
@@ -266,7 +284,7 @@ def test_frequency_kernels_compile_for_the_gpu():
 
 
 SCRIPTS = {"ngram": _NGRAM, "ngram_index": _NGRAM_INDEX, "corpus": _CORPUS,
-           "frequency": _FREQUENCY,
+           "frequency": _FREQUENCY, "frequency_corpus": _FREQUENCY_CORPUS,
            "rejection": _REJECTION, "commit": _BOOKKEEPING, "verify_inputs": _BOOKKEEPING,
            "draft_plan": _DRAFT_PLAN, "processing": _PROCESSING, "philox": _PHILOX}  # fmt: skip
 KERNEL_MODULES = sorted(

@@ -177,8 +177,11 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError(f"-k/--num-speculative-tokens must be >= 0, got {a.k}")
     if a.max_n is None:
         a.max_n = 64 if a.scoring == "frequency" else 3
-    if a.scoring == "frequency" and a.corpus > 0:
-        raise UsageError("--corpus drafts with --scoring longest only (for now)")
+    if a.scoring == "frequency" and not a.min_n < a.max_n <= 1024:
+        raise UsageError(
+            f"--scoring frequency needs --min-n < --max-n <= 1024 (--max-n is the depth: "
+            f"context plus drafts), got {a.min_n} and {a.max_n}"
+        )
     if a.min_n < 1 or a.max_n < a.min_n:
         raise UsageError(f"need 1 <= --min-n <= --max-n, got {a.min_n} and {a.max_n}")
     if a.batch_size < 1:
@@ -197,8 +200,8 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError(f"--repeats must be >= 1, got {a.repeats}")
     if a.threads < 0:
         raise UsageError(f"--threads must be >= 0, got {a.threads}")
-    if a.corpus < 0:
-        raise UsageError(f"--corpus must be >= 0 (tokens), got {a.corpus}")
+    if a.corpus < 0 or (a.scoring == "frequency" and 0 < a.corpus < 16):
+        raise UsageError(f"--corpus must be 0 or >= 16 (tokens), got {a.corpus}")
     if a.logprobs is not None and a.logprobs < 0:
         raise UsageError(f"--logprobs must be >= 0, got {a.logprobs}")
     for mod in ("transformers", "safetensors", "tqdm"):

@@ -107,7 +107,7 @@ class Engine:
     scoring : {"longest", "frequency"}
         ``ngram_propose``'s rule: the longest matching n-gram (default), or the most
         frequent continuations over a frequency index (``max_n`` is then its depth D:
-        context plus drafts); frequency scoring has no shared corpus yet.
+        context plus drafts; the corpus, if any, is a frequency corpus).
     """
 
     def __init__(
@@ -134,8 +134,13 @@ class Engine:
             raise EngineError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if scoring not in ("longest", "frequency"):
             raise EngineError(f"scoring must be 'longest' or 'frequency', got {scoring!r}")
-        if scoring == "frequency" and corpus_tokens > 0:
-            raise EngineError("the shared corpus drafts with scoring='longest' only (for now)")
+        if scoring == "frequency" and not min_n < max_n <= 1024:
+            raise EngineError(
+                f"scoring='frequency' needs min_n < max_n <= 1024 (max_n is the depth: context "
+                f"plus drafts), got min_n={min_n}, max_n={max_n}"
+            )
+        if scoring == "frequency" and 0 < corpus_tokens < 16:
+            raise EngineError(f"a frequency corpus needs >= 16 tokens, got {corpus_tokens}")
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if not 2 <= max_model_len <= model.cfg.max_position_embeddings:
@@ -175,12 +180,11 @@ class Engine:
         self.processing: ProcessingState | None = None  # sized by each generate call
         self.logprobs: LogprobsBuffer | None = None  # likewise, when a request asks for them
         self.index = self.corpus = None
-        if scoring == "frequency":  # counts per row, kept up to date by each commit
-            self.index = new_ngram_index(R, max_model_len, min_n=min_n, max_n=max_n,
-                                         scoring="frequency", device=dev)  # fmt: skip
+        nk = dict(min_n=min_n, max_n=max_n, scoring=scoring, device=dev)
+        if scoring == "frequency" or corpus_tokens > 0:  # kept up to date by each commit
+            self.index = new_ngram_index(R, max_model_len, **nk)
         if corpus_tokens > 0:
-            self.index = new_ngram_index(R, max_model_len, min_n=min_n, max_n=max_n, device=dev)
-            self.corpus = new_corpus(corpus_tokens, min_n=min_n, max_n=max_n, device=dev)
+            self.corpus = new_corpus(corpus_tokens, **nk)
 
     @property
     def adaptive(self) -> bool:

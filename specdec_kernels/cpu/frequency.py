@@ -20,17 +20,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_kernels.constants import DRAFT_SOURCE_NONE, DRAFT_SOURCE_OWN
+from specdec_kernels.constants import DRAFT_SOURCE_CORPUS, DRAFT_SOURCE_NONE, DRAFT_SOURCE_OWN
 from specdec_kernels.constants import FREQUENCY_HASH_C0 as C0
 from specdec_kernels.constants import FREQUENCY_HASH_C1 as C1
 from specdec_kernels.constants import FREQUENCY_HASH_C2 as C2
 from specdec_kernels.constants import NGRAM_HASH_MASK as M32
 from specdec_kernels.cpu import ngram as _ngram
 from specdec_kernels.cpu import ngram_index as _index
-from specdec_kernels.cpu._jit import NONE_I32, jit, np_, opt, outputs, zeroed_i32
+from specdec_kernels.cpu._jit import (
+    NONE_I32,
+    NONE_I32_2D,
+    NONE_I64,
+    NONE_I64_2D,
+    jit,
+    np_,
+    opt,
+    outputs,
+    zeroed_i32,
+)
 
 CNT, HI, POS, BEST = 0, 1, 2, 3
+ACTIVE = 0  # the corpus state's active store (``cpu/frequency_corpus.py``)
 _NO_TOKEN = np.int64(1) << 40  # outside int32: equals no stored token
+_NO_CORPUS = (NONE_I32_2D, NONE_I64_2D, NONE_I32_2D, np.zeros((0, 4, 0), np.int32), NONE_I32,
+              NONE_I64)  # fmt: skip
 
 
 @jit
@@ -102,7 +115,7 @@ def _insert(keys, vals, nodes, used, row, p, Dp, path):
             _put(keys, vals, node, t, leaf)
             path[lo : Dp + 1] = leaf
             return
-        c_hi, c_pos = np.int64(nodes[HI, child]), np.int64(nodes[POS, child])
+        c_hi, c_pos = max(np.int64(nodes[HI, child]), lo), np.int64(nodes[POS, child])
         d = lo + 1
         while d <= min(c_hi, Dp) and _at(row, c_pos - d + 1) == row[p - d + 1]:
             d += 1
@@ -125,8 +138,9 @@ def _insert(keys, vals, nodes, used, row, p, Dp, path):
 
 
 @jit
-def _append(keys, vals, nodes, used, row, p, D, path):
-    Dp = min(p + 1, D)
+def append_position(keys, vals, nodes, used, row, p, Dp, path):
+    """Count the ``Dp`` contexts ending at position ``p`` of ``row`` (``Dp`` stops at ``D``
+    and at the document's start) into one trie."""
     _insert(keys, vals, nodes, used, row, p, Dp, path)
     node, depth = np.int64(0), np.int64(0)  # the contexts ending at p - 1 gained row[p]
     while depth < Dp - 1:
@@ -152,7 +166,7 @@ def _index_rows(token_ids, num_tokens, rows, has_rows, keys, vals, nodes, used, 
     if check and not _index._values_ok(num_tokens, L_max, rows, has_rows, length, not scratch,
                                        seen):  # fmt: skip
         return False
-    path = np.empty(D + 2, np.int64)
+    path = np.zeros(D + 2, np.int64)  # node 0 where a corrupt trie leaves a depth unfilled
     B = rows.shape[0] if has_rows else R
     for b in range(B):
         r = rows[b] if has_rows else b
@@ -166,7 +180,7 @@ def _index_rows(token_ids, num_tokens, rows, has_rows, keys, vals, nodes, used, 
         for p in range(0 if scratch else max(length[r], 0), L):
             if u[0] < 1 or u[0] > M - 2:  # only a corrupt state: two nodes a position fit
                 break
-            _append(keys[r], vals[r], nodes[r], u, token_ids[r], p, D, path)
+            append_position(keys[r], vals[r], nodes[r], u, token_ids[r], p, min(p + 1, D), path)
         length[r] = max(L, 0 if scratch else length[r])
     return True
 
@@ -211,10 +225,10 @@ def draft_cap(m, cap, D, factor, offset):
 
 
 @jit
-def _chain(nodes, used, row, node, max_len, min_prob, out, probs):
+def _chain(nodes, used, store, node, max_len, min_prob, out, probs):
     """Follow ``best`` from ``node`` for at most ``max_len`` drafts while the running
-    probability stays ``>= min_prob``: ``(drafts, score)``; writes them when ``out`` has
-    room (a final pass), else only counts."""
+    probability stays ``>= min_prob``: ``(drafts, score)``; writes them (read from the
+    trie's token ``store``) when ``out`` has room (a final pass), else only counts."""
     n, prob, score, t = node, 1.0, 0.0, 0
     while t < max_len:
         x = np.int64(nodes[BEST, n])
@@ -224,7 +238,7 @@ def _chain(nodes, used, row, node, max_len, min_prob, out, probs):
         if nxt < min_prob:
             break
         if out.shape[0]:
-            out[t] = _at(row, nodes[POS, x])
+            out[t] = _at(store, nodes[POS, x])
             probs[t] = np.float32(nxt)
         prob = nxt
         score += nxt
@@ -234,15 +248,42 @@ def _chain(nodes, used, row, node, max_len, min_prob, out, probs):
 
 
 @jit
+def best_chain(keys, vals, nodes, used, store, row, L, min_n, D, cap, factor, offset, min_prob):
+    """The best-scoring chain of the contexts ``row[L-m:L]`` in one trie (edges read from its
+    token ``store``): ``(node, max_len, m, score)``, node -1 if none drafts."""
+    empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
+    best_node, best_len, best_m, best_score = np.int64(-1), np.int64(0), 0, 0.0
+    node = np.int64(0)
+    for m in range(1, min(D - 1, L) + 1):
+        t_q = row[L - m]
+        if m > nodes[HI, node]:
+            node = _find(keys, vals, used, node, t_q)
+            if node < 0:
+                break
+        elif _at(store, nodes[POS, node] - m + 1) != t_q:
+            break
+        if nodes[BEST, node] < 0:  # no continuation, so none for longer contexts either
+            break
+        if m < min_n:
+            continue
+        max_len = draft_cap(m, cap, D, factor, offset)
+        t, score = _chain(nodes, used, store, node, max_len, min_prob, empty_i, empty_f)
+        if t > 0 and score >= best_score:
+            best_node, best_len, best_m, best_score = node, max_len, m, score
+    return best_node, best_len, best_m, best_score
+
+
+@jit
 def _propose(token_ids, num_tokens, rows, has_rows, caps, has_caps, keys, vals, nodes, used,
-             length, min_n, D, k, max_model_len, min_prob, factor, offset, check, drafts,
-             counts, match_len, source, probs):  # fmt: skip
+             length, c_tokens, c_keys, c_vals, c_nodes, c_used, c_state, has_corpus, min_n, D,
+             k, max_model_len, min_prob, factor, offset, check, drafts, counts, match_len,
+             source, probs):  # fmt: skip
     R, L_max = token_ids.shape
     B = drafts.shape[0]
     if check and not _ngram._values_ok(num_tokens, L_max, rows, has_rows, caps, has_caps,
                                        length, True, B):  # fmt: skip
         return False
-    empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
+    a = min(max(c_state[ACTIVE], 0), 1) if has_corpus else 0
     for b in range(B):
         r = rows[b] if has_rows else b
         drafts[b, :] = -1
@@ -251,70 +292,67 @@ def _propose(token_ids, num_tokens, rows, has_rows, caps, has_caps, keys, vals, 
         if r < 0 or r >= R:
             continue
         L = min(max(np.int64(num_tokens[r]), 0), L_max)
-        row, nd, u = token_ids[r], nodes[r], np.int64(used[r])
+        row = token_ids[r]
         cap = min(k, caps[b]) if has_caps else k
         if max_model_len >= 0:
             cap = min(cap, max_model_len - L)
-        best_node, best_len, best_m, best_score = np.int64(-1), np.int64(0), 0, 0.0
-        node = np.int64(0)
-        for m in range(1, min(D - 1, L) + 1):
-            t_q = row[L - m]
-            if m > nd[HI, node]:
-                node = _find(keys[r], vals[r], u, node, t_q)
-                if node < 0:
-                    break
-            elif _at(row, nd[POS, node] - m + 1) != t_q:
-                break
-            if nd[BEST, node] < 0:  # no continuation, so none for longer contexts either
-                break
-            if m < min_n:
-                continue
-            max_len = draft_cap(m, cap, D, factor, offset)
-            t, score = _chain(nd, u, row, node, max_len, min_prob, empty_i, empty_f)
-            if t > 0 and score >= best_score:
-                best_node, best_len, best_m, best_score = node, max_len, m, score
-        if best_node >= 0:
-            t, _ = _chain(nd, u, row, best_node, best_len, min_prob, drafts[b], probs[b])
-            counts[b], match_len[b], source[b] = t, best_m, DRAFT_SOURCE_OWN
+        u = min(np.int64(used[r]), nodes.shape[2])  # a corrupt count cannot reach past M
+        node, max_len, m, score = best_chain(keys[r], vals[r], nodes[r], u, row, row, L, min_n,
+                                             D, cap, factor, offset, min_prob)  # fmt: skip
+        nd, store, src = nodes[r], row, DRAFT_SOURCE_OWN
+        if has_corpus:  # the corpus wins on a higher score (ties: the own history)
+            c_u = min(np.int64(c_used[a]), c_nodes.shape[2])
+            c = best_chain(c_keys[a], c_vals[a], c_nodes[a], c_u, c_tokens[a], row,
+                           L, min_n, D, cap, factor, offset, min_prob)  # fmt: skip
+            if c[0] >= 0 and c[3] > score:
+                node, max_len, m, score = c
+                nd, u, store = c_nodes[a], c_u, c_tokens[a]
+                src = DRAFT_SOURCE_CORPUS
+        if node >= 0:
+            t, _ = _chain(nd, u, store, node, max_len, min_prob, drafts[b], probs[b])
+            counts[b], match_len[b], source[b] = t, m, src
     return True
 
 
-def _run_propose(token_ids, num_tokens, req_indices, max_draft_tokens, index, min_n, max_n, k,
+def _run_propose(token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, min_n,
+                 max_n, k,
                  max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
                  check):  # fmt: skip
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
     tensors, arrays = outputs(((B, k), np.int32), (B, np.int32), (B, np.int32), (B, np.int8),
                               ((B, k), np.float32))  # fmt: skip
     drafts, counts, match_len, source, probs = arrays
+    c = _NO_CORPUS if corpus is None else tuple(map(np_, corpus[:5])) + (np_(corpus[6]),)
     ok = _propose(
         np_(token_ids), np_(num_tokens), opt(req_indices, NONE_I32), req_indices is not None,
-        opt(max_draft_tokens, NONE_I32), max_draft_tokens is not None, *map(np_, index),
-        min_n, max_n, k, -1 if max_model_len is None else max_model_len, min_token_prob,
-        max_spec_factor, max_spec_offset, check, drafts, counts, match_len, source, probs,
+        opt(max_draft_tokens, NONE_I32), max_draft_tokens is not None, *map(np_, index), *c,
+        corpus is not None, min_n, max_n, k, -1 if max_model_len is None else max_model_len,
+        min_token_prob, max_spec_factor, max_spec_offset, check, drafts, counts, match_len,
+        source, probs,
     )  # fmt: skip
     return tuple(tensors) if ok else None
 
 
 def frequency_propose(
-    token_ids, num_tokens, req_indices, max_draft_tokens, index, *, min_n, max_n,
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
     num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
 ):  # fmt: skip
     """The op's CPU function (the schema's arguments)."""
     return _run_propose(
-        token_ids, num_tokens, req_indices, max_draft_tokens, index, min_n, max_n,
+        token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, min_n, max_n,
         num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor,
         max_spec_offset, False,
     )  # fmt: skip
 
 
 def frequency_propose_checked(
-    token_ids, num_tokens, req_indices, max_draft_tokens, index, *, min_n, max_n,
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
     num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
 ):  # fmt: skip
     """:func:`frequency_propose` after the wrapper's value checks, in the kernel; None if one
     fails."""
     return _run_propose(
-        token_ids, num_tokens, req_indices, max_draft_tokens, index, min_n, max_n,
+        token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, min_n, max_n,
         num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor,
         max_spec_offset, True,
     )  # fmt: skip

@@ -28,127 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec_kernels.constants import DRAFT_SOURCE_NONE, DRAFT_SOURCE_OWN
-from specdec_kernels.constants import FREQUENCY_HASH_C0 as C0
-from specdec_kernels.constants import FREQUENCY_HASH_C1 as C1
-from specdec_kernels.constants import FREQUENCY_HASH_C2 as C2
+from specdec_kernels.constants import DRAFT_SOURCE_CORPUS, DRAFT_SOURCE_NONE, DRAFT_SOURCE_OWN
 from specdec_kernels.kernels import _utils
+from specdec_kernels.kernels.frequency_trie import _at, _find, append_position
 
-_C0, _C1, _C2 = tl.constexpr(C0), tl.constexpr(C1), tl.constexpr(C2)
 _SOURCE_NONE, _SOURCE_OWN = tl.constexpr(DRAFT_SOURCE_NONE), tl.constexpr(DRAFT_SOURCE_OWN)
-_NO_TOKEN = tl.constexpr(1 << 40)
+_SOURCE_CORPUS = tl.constexpr(DRAFT_SOURCE_CORPUS)
 _CLEAR_BLOCK = 1024
-
-
-@triton.jit
-def _home(parent, tok, mask):
-    h = ((parent + 1) * _C0 + ((tok + 1) & 0xFFFFFFFF)) & 0xFFFFFFFF
-    h = ((h ^ (h >> 16)) * _C1) & 0xFFFFFFFF
-    h = ((h ^ (h >> 13)) * _C2) & 0xFFFFFFFF
-    return (h ^ (h >> 16)) & mask
-
-
-@triton.jit
-def _slot(keys, parent, tok, S):
-    """``(slot, found)``: the slot of ``(parent, tok)``'s key, else the empty one; slot -1
-    if a (corrupt) table has neither."""
-    key = ((parent + 1) << 32) | ((tok + 1) & 0xFFFFFFFF)
-    i = _home(parent, tok, S - 1)
-    k = tl.load(keys + i)
-    tries = tl.full((), 1, tl.int64)
-    while (k != key) & (k != 0) & (tries < S):
-        i = (i + 1) & (S - 1)
-        k = tl.load(keys + i)
-        tries += 1
-    ok = (k == key) | (k == 0)
-    return tl.where(ok, i, -1), k == key
-
-
-@triton.jit
-def _find(keys, vals, used, parent, tok, S):
-    i, found = _slot(keys, parent, tok, S)
-    n = tl.load(vals + tl.maximum(i, 0)).to(tl.int64)
-    return tl.where(found & (n > 0) & (n < used), n, -1)
-
-
-@triton.jit
-def _put(keys, vals, parent, tok, node, S):
-    i, found = _slot(keys, parent, tok, S)
-    if i >= 0:
-        tl.store(keys + i, ((parent + 1) << 32) | ((tok + 1) & 0xFFFFFFFF))
-        tl.store(vals + i, node.to(tl.int32))
-
-
-@triton.jit
-def _at(row, i, L_max, ts):
-    """``row[i]`` as int64; ``_NO_TOKEN`` outside the row."""
-    ok = (i >= 0) & (i < L_max)
-    return tl.where(ok, tl.load(row + tl.where(ok, i, 0) * ts).to(tl.int64), _NO_TOKEN)
-
-
-@triton.jit
-def _new_node(nodes, used_ptr, M, cnt, hi, pos, best):
-    n = tl.load(used_ptr).to(tl.int64)
-    tl.store(used_ptr, (n + 1).to(tl.int32))
-    tl.store(nodes + n, cnt.to(tl.int32))
-    tl.store(nodes + M + n, hi.to(tl.int32))
-    tl.store(nodes + 2 * M + n, pos.to(tl.int32))
-    tl.store(nodes + 3 * M + n, best.to(tl.int32))
-    return n
-
-
-@triton.jit
-def _fill(path, a, b, node):
-    for j in range(a, b):
-        tl.store(path + j, node)
-
-
-@triton.jit
-def _insert(row, ts, L_max, keys, vals, nodes, used_ptr, path, p, Dp, S, M):
-    """Count the contexts ending at ``p`` (depths ``1..Dp``); ``path[d]``: their nodes."""
-    one = tl.full((), 1, tl.int64)
-    none = tl.full((), -1, tl.int64)
-    node = tl.zeros((), tl.int64)
-    depth = tl.zeros((), tl.int64)
-    going = depth < Dp
-    while going:
-        t = tl.load(row + (p - depth) * ts).to(tl.int64)
-        lo = depth + 1
-        child = _find(keys, vals, tl.load(used_ptr).to(tl.int64), node, t, S)
-        if child >= 0:
-            c_hi = tl.load(nodes + M + child).to(tl.int64)
-            c_pos = tl.load(nodes + 2 * M + child).to(tl.int64)
-            d = lo + 1
-            lim = tl.minimum(c_hi, Dp)
-            same = d <= lim
-            while same:
-                same = _at(row, c_pos - d + 1, L_max, ts) == tl.load(row + (p - d + 1) * ts)
-                d += same.to(tl.int64)
-                same = same & (d <= lim)
-            if d > c_hi:  # the whole run matches
-                tl.store(nodes + child, tl.load(nodes + child) + 1)
-                tl.store(nodes + 2 * M + child, tl.maximum(c_pos, p).to(tl.int32))
-                _fill(path, lo, c_hi + 1, child)
-                node = child
-                depth = tl.maximum(c_hi, depth + 1)
-                going = depth < Dp
-            else:  # split: the upper part lo..d-1 takes the old key
-                c_cnt = tl.load(nodes + child).to(tl.int64)
-                c_best = tl.load(nodes + 3 * M + child).to(tl.int64)
-                up = _new_node(nodes, used_ptr, M, c_cnt + 1, d - 1, tl.maximum(c_pos, p), c_best)
-                _put(keys, vals, node, t, up, S)
-                _put(keys, vals, up, _at(row, c_pos - d + 1, L_max, ts), child, S)
-                _fill(path, lo, d, up)
-                if d <= Dp:
-                    leaf = _new_node(nodes, used_ptr, M, one, Dp, p, none)
-                    _put(keys, vals, up, tl.load(row + (p - d + 1) * ts).to(tl.int64), leaf, S)
-                    _fill(path, d, Dp + 1, leaf)
-                going = lo < 0
-        else:  # a new leaf for the depths lo..Dp
-            leaf = _new_node(nodes, used_ptr, M, one, Dp, p, none)
-            _put(keys, vals, node, t, leaf, S)
-            _fill(path, lo, Dp + 1, leaf)
-            going = lo < 0
 
 
 @triton.jit(do_not_specialize=["L_max"])
@@ -179,28 +65,8 @@ def _extend_kernel(token_ids_ptr, hist_stride, tok_stride, num_tokens_ptr, req_i
             going = (u >= 1) & (u <= M - 2)  # two nodes a position fit (else: corrupt)
             if going:
                 Dp = tl.minimum(p + 1, D)
-                _insert(row, tok_stride, L_max, keys, vals, nodes, uptr, path, p, Dp, S, M)
-                # the contexts ending at p - 1 (depths 1..Dp-1) gained the continuation row[p]
-                node = tl.zeros((), tl.int64)
-                depth = tl.zeros((), tl.int64)
-                walking = depth < Dp - 1
-                while walking:
-                    t = tl.load(row + (p - 1 - depth) * tok_stride).to(tl.int64)
-                    used = tl.load(uptr).to(tl.int64)
-                    w = _find(keys, vals, used, node, t, S)
-                    walking = w >= 0
-                    if walking:
-                        x = tl.load(path + depth + 2)
-                        bn = tl.load(nodes + 3 * M + w).to(tl.int64)
-                        bad = (bn <= 0) | (bn >= used)
-                        bb = tl.where(bad, x, bn)
-                        cx, cb = tl.load(nodes + x), tl.load(nodes + bb)
-                        px, pb = tl.load(nodes + 2 * M + x), tl.load(nodes + 2 * M + bb)
-                        if (bn != x) & (bad | (cx > cb) | ((cx == cb) & (px >= pb))):
-                            tl.store(nodes + 3 * M + w, x.to(tl.int32))
-                        node = w
-                        depth = tl.maximum(tl.load(nodes + M + w).to(tl.int64), depth + 1)
-                        walking = depth < Dp - 1
+                append_position(row, tok_stride, L_max, keys, vals, nodes, uptr, path, p, Dp, S,
+                                M)  # fmt: skip
                 p += 1
                 going = p < L
         tl.store(length_ptr + r, tl.maximum(L, old).to(tl.int32))
@@ -229,7 +95,7 @@ def _index_rows(token_ids, num_tokens, req_indices, index, max_n, from_scratch):
         _clear_kernel[(B, triton.cdiv(S, _CLEAR_BLOCK))](
             req_indices, keys, R, S, HAS_REQ_INDICES=req_indices is not None, BLOCK=_CLEAR_BLOCK
         )
-    path = _utils._empty((B, max_n + 2), torch.int64, token_ids.device)
+    path = torch.zeros((B, max_n + 2), dtype=torch.int64, device=token_ids.device)  # scratch
     _extend_kernel[(B,)](
         token_ids, token_ids.stride(0), token_ids.stride(1), num_tokens, req_indices, keys, vals,
         nodes, used, length, path, R, token_ids.shape[1], S, nodes.shape[2], max_n,
@@ -287,16 +153,56 @@ def _draft_cap(m, cap, D, factor, offset):
     return tl.where(c >= lim.to(tl.float64), lim, tl.minimum(c, lim.to(tl.float64)).to(tl.int64))
 
 
+@triton.jit
+def _best_chain(keys, vals, nodes, M, used, S, store, ts, T, row, row_ts, L, min_n, D, cap,
+                factor, offset, min_prob, out, probs):  # fmt: skip
+    """``cpu/frequency.py``'s ``best_chain``: the best-scoring chain of the contexts ending
+    the request's ``row[:L]`` in one trie whose edges are read from ``store`` (stride
+    ``ts``, ``T`` tokens): ``(node, max_len, m, score)``, node -1 if none drafts."""
+    best_node = tl.full((), -1, tl.int64)
+    best_len = tl.zeros((), tl.int64)
+    best_m = tl.zeros((), tl.int64)
+    best_score = tl.zeros((), tl.float64)
+    node = tl.zeros((), tl.int64)
+    m = tl.full((), 1, tl.int64)
+    top = tl.minimum(D - 1, L)
+    alive = m <= top
+    while alive:
+        t_q = tl.load(row + (L - m) * row_ts).to(tl.int64)
+        if m > tl.load(nodes + M + node):
+            node = _find(keys, vals, used, node, t_q, S)
+            alive = node >= 0
+        else:
+            n_pos = tl.load(nodes + 2 * M + node).to(tl.int64)
+            alive = _at(store, n_pos - m + 1, T, ts) == t_q
+        if alive:  # no continuation: none for longer contexts either
+            alive = tl.load(nodes + 3 * M + node) >= 0
+        if alive & (m >= min_n):
+            max_len = _draft_cap(m, cap, D, factor, offset)
+            t, score = _chain(nodes, M, used, store, ts, T, node, max_len, min_prob, out, probs,
+                              False)  # fmt: skip
+            if (t > 0) & (score >= best_score):
+                best_node = node
+                best_len = max_len
+                best_m = m
+                best_score = score
+        m += 1
+        alive = alive & (m <= top)
+    return best_node, best_len, best_m, best_score
+
+
 _VARYING = ["max_model_len", "L_max", "min_prob_bits", "factor_bits", "offset_bits"]
 
 
 @triton.jit(do_not_specialize=_VARYING)
 def _propose_kernel(token_ids_ptr, hist_stride, tok_stride, num_tokens_ptr, req_indices_ptr,
-                    max_draft_tokens_ptr, keys_ptr, vals_ptr, nodes_ptr, used_ptr, drafts_ptr,
-                    counts_ptr, match_len_ptr, source_ptr, probs_ptr, R, L_max, S, M, min_n, D,
-                    k, max_model_len, min_prob_bits, factor_bits, offset_bits,
-                    HAS_REQ_INDICES: tl.constexpr, HAS_MAX_DRAFT: tl.constexpr,
-                    HAS_MAX_MODEL_LEN: tl.constexpr, K_BLOCK: tl.constexpr):  # fmt: skip
+                    max_draft_tokens_ptr, keys_ptr, vals_ptr, nodes_ptr, used_ptr,
+                    c_tokens_ptr, c_keys_ptr, c_vals_ptr, c_nodes_ptr, c_used_ptr, c_state_ptr,
+                    drafts_ptr, counts_ptr, match_len_ptr, source_ptr, probs_ptr, R, L_max, S,
+                    M, CS, CM, CT, min_n, D, k, max_model_len, min_prob_bits, factor_bits,
+                    offset_bits, HAS_REQ_INDICES: tl.constexpr, HAS_MAX_DRAFT: tl.constexpr,
+                    HAS_MAX_MODEL_LEN: tl.constexpr, HAS_CORPUS: tl.constexpr,
+                    K_BLOCK: tl.constexpr):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
     out, probs = drafts_ptr + b * k, probs_ptr + b * k
     offs = tl.arange(0, K_BLOCK)
@@ -309,51 +215,51 @@ def _propose_kernel(token_ids_ptr, hist_stride, tok_stride, num_tokens_ptr, req_
     if HAS_REQ_INDICES:
         r = tl.load(req_indices_ptr + b).to(tl.int64)
     count = tl.zeros((), tl.int64)
-    best_m = tl.zeros((), tl.int64)
+    m = tl.zeros((), tl.int64)
+    source = tl.full((), _SOURCE_OWN, tl.int64)
     if (r >= 0) & (r < R):
         row = token_ids_ptr + r * hist_stride
         keys, vals, nodes = keys_ptr + r * S, vals_ptr + r * S, nodes_ptr + r * 4 * M
-        used = tl.load(used_ptr + r).to(tl.int64)
+        used = tl.minimum(tl.load(used_ptr + r).to(tl.int64), M)  # a corrupt count: <= M
         L = tl.minimum(tl.maximum(tl.load(num_tokens_ptr + r).to(tl.int64), 0), L_max)
         cap = tl.full((), k, tl.int64)
         if HAS_MAX_DRAFT:
             cap = tl.minimum(cap, tl.load(max_draft_tokens_ptr + b).to(tl.int64))
         if HAS_MAX_MODEL_LEN:
             cap = tl.minimum(cap, max_model_len - L)
-        best_node = tl.full((), -1, tl.int64)
-        best_len = tl.zeros((), tl.int64)
-        best_score = tl.zeros((), tl.float64)
-        node = tl.zeros((), tl.int64)
-        m = tl.full((), 1, tl.int64)
-        top = tl.minimum(D - 1, L)
-        alive = m <= top
-        while alive:
-            t_q = tl.load(row + (L - m) * tok_stride).to(tl.int64)
-            if m > tl.load(nodes + M + node):
-                node = _find(keys, vals, used, node, t_q, S)
-                alive = node >= 0
-            else:
-                n_pos = tl.load(nodes + 2 * M + node).to(tl.int64)
-                alive = _at(row, n_pos - m + 1, L_max, tok_stride) == t_q
-            if alive:  # no continuation: none for longer contexts either
-                alive = tl.load(nodes + 3 * M + node) >= 0
-            if alive & (m >= min_n):
-                max_len = _draft_cap(m, cap, D, factor, offset)
-                t, score = _chain(nodes, M, used, row, tok_stride, L_max, node, max_len,
-                                  min_prob, out, probs, False)  # fmt: skip
-                if (t > 0) & (score >= best_score):
-                    best_node = node
-                    best_len = max_len
-                    best_m = m
-                    best_score = score
-            m += 1
-            alive = alive & (m <= top)
-        if best_node >= 0:
-            count, _ = _chain(nodes, M, used, row, tok_stride, L_max, best_node, best_len,
-                              min_prob, out, probs, True)  # fmt: skip
+        node, max_len, m, score = _best_chain(keys, vals, nodes, M, used, S, row, tok_stride,
+                                              L_max, row, tok_stride, L, min_n, D, cap, factor,
+                                              offset, min_prob, out, probs)  # fmt: skip
+        store = row
+        ts = tok_stride * 1
+        T = L_max * 1
+        MM = M * 1
+        if HAS_CORPUS:  # the corpus wins on a higher score (ties: the own history)
+            a = tl.minimum(tl.maximum(tl.load(c_state_ptr), 0), 1)
+            c_nodes = c_nodes_ptr + a * 4 * CM
+            c_used = tl.minimum(tl.load(c_used_ptr + a).to(tl.int64), CM)
+            c_store = c_tokens_ptr + a * CT
+            c_node, c_len, c_m, c_score = _best_chain(
+                c_keys_ptr + a * CS, c_vals_ptr + a * CS, c_nodes, CM, c_used, CS, c_store, 1,
+                CT, row, tok_stride, L, min_n, D, cap, factor, offset, min_prob, out, probs,
+            )  # fmt: skip
+            if (c_node >= 0) & (c_score > score):
+                node = c_node
+                max_len = c_len
+                m = c_m
+                nodes = c_nodes
+                used = c_used
+                store = c_store
+                ts = tok_stride * 0 + 1
+                T = L_max * 0 + CT
+                MM = M * 0 + CM
+                source = tl.full((), _SOURCE_CORPUS, tl.int64)
+        if node >= 0:
+            count, _ = _chain(nodes, MM, used, store, ts, T, node, max_len, min_prob, out, probs,
+                              True)  # fmt: skip
     tl.store(counts_ptr + b, count.to(tl.int32))
-    tl.store(match_len_ptr + b, tl.where(count > 0, best_m, 0).to(tl.int32))
-    tl.store(source_ptr + b, tl.where(count > 0, _SOURCE_OWN, _SOURCE_NONE).to(tl.int8))
+    tl.store(match_len_ptr + b, tl.where(count > 0, m, 0).to(tl.int32))
+    tl.store(source_ptr + b, tl.where(count > 0, source, _SOURCE_NONE).to(tl.int8))
 
 
 def _bits(x: float) -> int:
@@ -362,7 +268,7 @@ def _bits(x: float) -> int:
 
 
 def frequency_propose(
-    token_ids, num_tokens, req_indices, max_draft_tokens, index, *, min_n, max_n,
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
     num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
 ):  # fmt: skip
     """Launch the propose kernel, one program per batch row; inputs are validated."""
@@ -377,15 +283,17 @@ def frequency_propose(
     if B == 0:
         return drafts, counts, match_len, source, probs
     keys, vals, nodes, used, _ = index
+    c_tok, c_keys, c_vals, c_nodes, c_used, _, c_state = (None,) * 7 if corpus is None else corpus
     _propose_kernel[(B,)](
         token_ids, token_ids.stride(0), token_ids.stride(1), num_tokens, req_indices,
-        max_draft_tokens, keys, vals,
-        nodes, used, drafts, counts, match_len, source, probs, keys.shape[0],
-        token_ids.shape[1], keys.shape[1], nodes.shape[2], min_n, max_n, k,
-        0 if max_model_len is None else max_model_len, _bits(min_token_prob),
+        max_draft_tokens, keys, vals, nodes, used, c_tok, c_keys, c_vals, c_nodes, c_used,
+        c_state, drafts, counts, match_len, source, probs, keys.shape[0], token_ids.shape[1],
+        keys.shape[1], nodes.shape[2], 1 if corpus is None else c_keys.shape[1],
+        1 if corpus is None else c_nodes.shape[2], 1 if corpus is None else c_tok.shape[1],
+        min_n, max_n, k, 0 if max_model_len is None else max_model_len, _bits(min_token_prob),
         _bits(max_spec_factor), _bits(max_spec_offset),
         HAS_REQ_INDICES=req_indices is not None, HAS_MAX_DRAFT=max_draft_tokens is not None,
-        HAS_MAX_MODEL_LEN=max_model_len is not None, K_BLOCK=_utils.next_pow2(k),
-        num_warps=1, enable_fp_fusion=False,
+        HAS_MAX_MODEL_LEN=max_model_len is not None, HAS_CORPUS=corpus is not None,
+        K_BLOCK=_utils.next_pow2(k), num_warps=1, enable_fp_fusion=False,
     )  # fmt: skip
     return drafts, counts, match_len, source, probs

@@ -16,6 +16,7 @@ import math
 import torch
 
 from specdec_kernels.constants import (
+    DRAFT_SOURCE_CORPUS,
     DRAFT_SOURCE_OWN,
     FREQUENCY_HASH_C0,
     FREQUENCY_HASH_C1,
@@ -109,7 +110,12 @@ class _Trie:
         Dp = min(p + 1, D)
         path = [0] * (Dp + 2)
         self.insert(p, Dp, path)
-        node, depth = 0, 0  # the contexts ending at p - 1 gained the continuation seq[p]
+        self.walk_previous(p, Dp, path)
+
+    def walk_previous(self, p, Dp, path):
+        """The contexts ending at ``p - 1`` gained the continuation ``seq[p]``: re-point
+        their ``best``."""
+        node, depth = 0, 0
         while depth < Dp - 1:
             w = self.find(node, self.seq[p - 1 - depth])
             x, b = path[depth + 2], self.best[w]
@@ -150,26 +156,28 @@ def frequency_index_extend(token_ids, num_tokens, req_indices, index, *, min_n, 
 # ----------------------------------------------------------------------------- proposals
 
 
-def _continuations(seq: list[int], c: tuple[int, ...], D: int):
-    """``(count(c), {x: (count(c + x), latest end of c + x)})`` over ``seq``: every
-    occurrence of ``c`` counts, continued or not; a continuation needs ``len(c) < D``."""
+def _continuations(docs: list[list[int]], c: tuple[int, ...], D: int):
+    """``(count(c), {x: (count(c + x), latest end of c + x)})`` over the documents (in
+    order; an occurrence lies inside one): every occurrence of ``c`` counts, continued or
+    not; a continuation needs ``len(c) < D``. "Latest" orders by document, then position."""
     m, count, nxt = len(c), 0, {}
-    for e in range(m - 1, len(seq)):
-        if tuple(seq[e - m + 1 : e + 1]) != c:
-            continue
-        count += 1
-        if e + 1 < len(seq) and m < D:
-            n, _ = nxt.get(seq[e + 1], (0, 0))
-            nxt[seq[e + 1]] = (n + 1, e + 1)
+    for i, seq in enumerate(docs):
+        for e in range(m - 1, len(seq)):
+            if tuple(seq[e - m + 1 : e + 1]) != c:
+                continue
+            count += 1
+            if e + 1 < len(seq) and m < D:
+                n, _ = nxt.get(seq[e + 1], (0, (0, 0)))
+                nxt[seq[e + 1]] = (n + 1, (i, e + 1))
     return count, nxt
 
 
-def draft_chain(seq, c, D, max_len, min_token_prob):
+def draft_chain(docs, c, D, max_len, min_token_prob):
     """The chain of most frequent continuations of ``c`` (ties: the latest): drafts and
     their running probabilities (float64), stopped below ``min_token_prob`` or at
     ``max_len``."""
     drafts, probs, prob = [], [], 1.0
-    count, nxt = _continuations(seq, c, D)
+    count, nxt = _continuations(docs, c, D)
     while len(drafts) < max_len and nxt:
         x = max(nxt, key=lambda t: nxt[t])
         nxt_prob = prob * (nxt[x][0] / count)
@@ -179,7 +187,7 @@ def draft_chain(seq, c, D, max_len, min_token_prob):
         drafts.append(x)
         probs.append(prob)
         c = (*c, x)
-        count, nxt = _continuations(seq, c, D)
+        count, nxt = _continuations(docs, c, D)
     return drafts, probs
 
 
@@ -190,20 +198,42 @@ def draft_cap(m, cap, D, factor, offset):
     return lim if c >= lim else int(math.floor(c))
 
 
+def best_chain(docs, seq, *, min_n, D, cap, factor, offset, min_token_prob):
+    """``(drafts, probs, m, score)`` of the best-scoring chain of the contexts ending
+    ``seq``, counted in ``docs``; ties to the longer ``m``."""
+    best, best_score = ([], [], 0), 0.0
+    for m in range(1, min(D - 1, len(seq)) + 1):
+        c = tuple(seq[len(seq) - m :])
+        if not _continuations(docs, c, D)[1]:
+            break  # a longer context has no continuation either
+        if m < min_n:
+            continue
+        got, p = draft_chain(docs, c, D, draft_cap(m, cap, D, factor, offset), min_token_prob)
+        if got and sum(p) >= best_score:
+            best, best_score = (got, p, m), sum(p)
+    return (*best, best_score)
+
+
 def frequency_propose(
-    token_ids, num_tokens, req_indices, max_draft_tokens, index, *, min_n, max_n,
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
     num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
 ):  # fmt: skip
     """Per request, every context length ``m`` from 1 up: the chain of most frequent
-    continuations of the last ``m`` tokens; the highest score (sum of running
-    probabilities; ties to the longer ``m``) gives the drafts."""
-    k, D = num_speculative_tokens, max_n
+    continuations of the last ``m`` tokens, in its own history and in the corpus's live
+    documents; the highest score (sum of running probabilities; ties to the longer ``m``,
+    then to the own history) gives the drafts."""
+    from specdec_kernels.reference.frequency_corpus import live_documents
+
+    k = num_speculative_tokens
     rows = list(range(num_tokens.shape[0])) if req_indices is None else req_indices.tolist()
     drafts = torch.full((len(rows), k), -1, dtype=torch.int32)
     probs = torch.zeros((len(rows), k), dtype=torch.float32)
     counts = torch.zeros(len(rows), dtype=torch.int32)
     match_len = torch.zeros(len(rows), dtype=torch.int32)
     source = torch.zeros(len(rows), dtype=torch.int8)
+    shared = live_documents(corpus) if corpus is not None else None
+    kw = dict(min_n=min_n, D=max_n, factor=max_spec_factor, offset=max_spec_offset,
+              min_token_prob=min_token_prob)  # fmt: skip
     for b, r in enumerate(rows):
         if r < 0:
             continue
@@ -212,20 +242,14 @@ def frequency_propose(
         cap = k if max_draft_tokens is None else min(k, int(max_draft_tokens[b]))
         if max_model_len is not None:
             cap = min(cap, max_model_len - L)
-        best, best_score = ([], [], 0), 0.0
-        for m in range(1, min(D - 1, L) + 1):
-            c = tuple(seq[L - m :])
-            if not _continuations(seq, c, D)[1]:
-                break  # a longer context has no continuation either
-            if m < min_n:
-                continue
-            got, p = draft_chain(seq, c, D, draft_cap(m, cap, D, max_spec_factor,
-                                                      max_spec_offset), min_token_prob)  # fmt: skip
-            if got and sum(p) >= best_score:
-                best, best_score = (got, p, m), sum(p)
-        got, p, m = best
+        got, p, m, score = best_chain([seq], seq, cap=cap, **kw)
+        src = DRAFT_SOURCE_OWN
+        if shared is not None:
+            other = best_chain(shared, seq, cap=cap, **kw)
+            if other[0] and other[3] > score:
+                (got, p, m, score), src = other, DRAFT_SOURCE_CORPUS
         if got:
             drafts[b, : len(got)] = torch.tensor(got, dtype=torch.int32)
             probs[b, : len(got)] = torch.tensor(p, dtype=torch.float64).float()
-            counts[b], match_len[b], source[b] = len(got), m, DRAFT_SOURCE_OWN
+            counts[b], match_len[b], source[b] = len(got), m, src
     return drafts, counts, match_len, source, probs

@@ -250,11 +250,14 @@ def test_frequency_scoring_follows_the_batch_under_random_schedules(seed):
     "extra, match",
     [
         ({"scoring": "often"}, "scoring must be one of"),
-        ({"scoring": "frequency", "index": False}, "needs index: true and no corpus"),
-        ({"scoring": "frequency", "corpus_tokens": 64}, "needs index: true and no corpus"),
-        ({"scoring": "frequency", "min_token_prob": 1.5}, r"min_token_prob must be a number in"),
-        ({"scoring": "frequency", "max_spec_factor": -1}, "max_spec_factor must be a number >="),
+        ({"scoring": "frequency", "index": False}, "needs the own-history index"),
+        ({"scoring": "frequency", "corpus_tokens": 8}, "must be >= 16 slots"),
+        ({"scoring": "frequency", "min_token_prob": 1.5}, r"min_token_prob must be a real number"),
+        ({"scoring": "frequency", "min_token_prob": True}, r"min_token_prob must be a real number"),
+        ({"scoring": "frequency", "max_spec_factor": -1}, "max_spec_factor must be a real number"),
         ({"scoring": "frequency", "prompt_lookup_max": 2000}, "must be <= 1024"),
+        ({"scoring": "frequency", "prompt_lookup_min": 5, "prompt_lookup_max": 5}, "min_n < max_n"),
+        ({"scoring": "frequency", "tie_break": "last"}, "tie_break is an option of scoring"),
         ({"min_token_prob": 0.2}, "options of scoring='frequency' only"),
     ],
 )

@@ -72,7 +72,8 @@ class NgramProposer:
     caps it), the corpus ``corpus_tokens x 20 + (max_n - min_n + 1) x 4 corpus_tokens x 8``
     and a copy of vLLM's token buffer. ``scoring: "frequency"`` drafts by SuffixDecoding's
     rule over each request's own history instead (a frequency index, ~80 B a token of
-    ``max_model_len`` per row; no corpus yet).
+    ``max_model_len`` per row; a corpus of ``corpus_tokens`` slots takes two stores of
+    ~(36 + 12 S / C) B a slot, ``docs/design.md``).
 
     Parameters
     ----------
@@ -105,7 +106,8 @@ class NgramProposer:
         self._index = new_ngram_index(R, W, min_n=s.min_n, max_n=s.max_n, scoring=s.scoring)
         self._corpus = None
         if s.corpus_tokens:
-            self._corpus = new_corpus(s.corpus_tokens, min_n=s.min_n, max_n=s.max_n)
+            self._corpus = new_corpus(s.corpus_tokens, min_n=s.min_n, max_n=s.max_n,
+                                      scoring=s.scoring)  # fmt: skip
         self._rows = RowTracker(R, W, keep_histories=self._corpus is not None)
         self._batch_views: dict[int, NgramIndex | FrequencyIndex] = {}
         self._shape = shape

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from specdec_kernels.ops import FREQUENCY_MAX_DEPTH, SCORINGS, TIE_BREAKS
+from specdec_kernels.ops import SCORINGS, TIE_BREAKS
+from specdec_kernels.ops.frequency import check_depth, check_frequency_params
 
 CONFIG_KEY = "specdec_kernels"
 """Key of this library's section in vLLM's ``additional_config``."""
@@ -139,7 +140,8 @@ def ngram_settings(vllm_config: Any) -> NgramSettings:
         ``corpus_tokens``, ``corpus_documents``, ``stop_token_ids``, ``scoring``,
         ``min_token_prob``, ``max_spec_factor``, ``max_spec_offset``; ``tie_break`` not
         ``"first"`` or ``"last"``; a bad value of one of the others; with ``scoring=
-        "frequency"``: ``index: false``, a corpus, a depth over ``FREQUENCY_MAX_DEPTH``;
+        "frequency"``: ``index: false``, ``tie_break``, ``prompt_lookup_min >=
+        prompt_lookup_max``, a depth over ``FREQUENCY_MAX_DEPTH``, a corpus under 16 tokens;
         the frequency options with ``"longest"``.
 
     ``scoring="frequency"`` (SuffixDecoding's rule on a frequency index): the n range is
@@ -168,11 +170,7 @@ def ngram_settings(vllm_config: Any) -> NgramSettings:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     if scoring == "frequency":
         lo, hi = lo or 1, hi or DEFAULT_DEPTH
-        if hi > FREQUENCY_MAX_DEPTH:
-            raise ValueError(
-                f"prompt_lookup_max (the depth D) must be <= {FREQUENCY_MAX_DEPTH} with "
-                f"scoring='frequency', got {hi}"
-            )
+        check_depth(lo, hi)
     if lo is None and hi is None:
         lo = hi = DEFAULT_NGRAM
     elif lo is None:
@@ -218,17 +216,15 @@ def _frequency_options(section, scoring, index, corpus) -> tuple[float, float, f
         if given:
             raise ValueError(f"{', '.join(given)}: options of scoring='frequency' only")
         return tuple(FREQUENCY_DEFAULTS.values())
-    if not index or corpus:
-        raise ValueError("scoring='frequency' needs index: true and no corpus (corpus_tokens 0)")
-    values = []
-    for name, default in FREQUENCY_DEFAULTS.items():
-        v = section.get(name, default)
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-        if not ok or (name == "min_token_prob" and v > 1):
-            what = "in [0, 1]" if name == "min_token_prob" else ">= 0"
-            raise ValueError(f"{name} must be a number {what}, got {v!r}")
-        values.append(float(v))
-    return tuple(values)
+    if not index:
+        raise ValueError("scoring='frequency' needs the own-history index (index: true)")
+    if "tie_break" in section:
+        raise ValueError("tie_break is an option of scoring='longest' only")
+    if 0 < corpus < 16:
+        raise ValueError(
+            f"corpus_tokens with scoring='frequency' must be >= 16 slots, got {corpus}"
+        )
+    return check_frequency_params(*(section.get(name) for name in FREQUENCY_DEFAULTS))
 
 
 def _is_int(value: Any) -> bool:

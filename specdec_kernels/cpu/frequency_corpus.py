@@ -1,0 +1,146 @@
+"""The CPU frequency corpus: ``corpus_append`` on a corpus made with ``scoring="frequency"``
+as one numba kernel (``cpu/_jit.py``); its proposals are ``cpu/frequency.py``'s.
+
+Two stores (token array and trie each, ``cpu/frequency.py``'s trie); the active one holds
+exactly the live documents, oldest first, and answers proposals. A budget of ``C`` slots
+(a document takes its tokens plus one): past ``6/8 C`` live slots a rebuild starts, the
+newest documents that fit in ``5/8 C`` survive, and each later document added makes the
+other store copy and count ``FREQUENCY_CORPUS_WORK`` (6) slots of the survivors and of the
+documents added since, in order; when it has caught up the stores swap, which evicts every
+older document exactly, and the retired store is emptied. The live size never passes
+``C``; a document longer than ``C/8 - 1`` tokens enters as pieces of that size (no context
+crosses a piece). ``docs/design.md``, "Frequency-scored drafting".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec_kernels.constants import FREQUENCY_CORPUS_STATE as _FIELDS
+from specdec_kernels.constants import FREQUENCY_CORPUS_WORK as WORK
+from specdec_kernels.cpu._jit import NONE_I32, jit, np_, opt
+from specdec_kernels.cpu.frequency import append_position
+
+ACTIVE, SIZE, RES0, RES1, REBUILDING, FIRST, NEXT_DOC, NEXT_OFF, NEW_SIZE, HEAD, TAIL = (
+    _FIELDS.index(f) for f in _FIELDS
+)
+LEN, START0 = 0, 1  # docs[q] = (length, start in store 0, start in store 1)
+
+
+@jit
+def _count(keys, vals, nodes, used, s, tokens, p, Dp, path):
+    """Count position ``p`` of store ``s`` (room for two nodes, else a corrupt state)."""
+    if 1 <= used[s] <= nodes.shape[2] - 2:
+        append_position(keys[s], vals[s], nodes[s], used[s : s + 1], tokens[s], p, Dp, path)
+
+
+@jit
+def _count_into(tokens, keys, vals, nodes, used, docs, state, a, b, slots, D, path):
+    """Copy and count up to ``slots`` slots of the waiting documents into store ``b``."""
+    Q = docs.shape[0]
+    while state[NEXT_DOC] != state[TAIL] and slots > 0:
+        q = state[NEXT_DOC]
+        n = docs[q, LEN]
+        if state[NEXT_OFF] < 0:  # the document starts in store b: its separator's slot
+            docs[q, START0 + b] = state[RES0 + b]
+            state[RES0 + b] += n
+            state[NEXT_OFF] = 0
+            slots -= 1
+        off, sa, sb = state[NEXT_OFF], docs[q, START0 + a], docs[q, START0 + b]
+        if min(sa, sb, off, n) < 0 or max(sa, sb) + n > tokens.shape[1]:
+            return  # only an entry of unchecked values
+        end = min(n, off + max(slots, 0))
+        for o in range(off, end):
+            tokens[b, sb + o] = tokens[a, sa + o]
+            _count(keys, vals, nodes, used, b, tokens, sb + o, min(o + 1, D), path)
+        slots -= end - off
+        state[NEXT_OFF] = end
+        if end == n:
+            state[NEW_SIZE] += n + 1
+            state[NEXT_DOC] = (q + 1) % Q
+            state[NEXT_OFF] = -1
+
+
+@jit
+def _maybe_rebuild(docs, state, C):
+    """Past 6/8 C live slots: the newest documents that fit in 5/8 C start the new store."""
+    if state[REBUILDING] or 8 * state[SIZE] <= 6 * C:
+        return
+    Q = docs.shape[0]
+    q, total = state[TAIL], 0
+    while q != state[HEAD]:
+        prev = (q - 1) % Q
+        if 8 * (total + docs[prev, LEN] + 1) > 5 * C:
+            break
+        total += docs[prev, LEN] + 1
+        q = prev
+    state[REBUILDING], state[FIRST], state[NEXT_DOC] = 1, q, q
+    state[NEXT_OFF], state[NEW_SIZE] = -1, 0
+
+
+@jit
+def _add_piece(tokens, keys, vals, nodes, used, docs, state, src, n, C, D, path):
+    Q = docs.shape[0]
+    a = state[ACTIVE]
+    b = 1 - a
+    pa, q = state[RES0 + a], state[TAIL]
+    tokens[a, pa : pa + n] = src[:n]  # staged: the waiting documents are read from here
+    docs[q, LEN], docs[q, START0 + a], docs[q, START0 + b] = n, pa, -1
+    state[TAIL] = (q + 1) % Q
+    if state[REBUILDING]:
+        _count_into(tokens, keys, vals, nodes, used, docs, state, a, b, WORK * (n + 1), D, path)
+        if state[NEXT_DOC] == state[TAIL]:  # caught up: store b holds the live documents
+            state[ACTIVE], state[HEAD], state[SIZE] = b, state[FIRST], state[NEW_SIZE]
+            state[REBUILDING] = 0
+            keys[a] = 0  # the retired store, emptied for the next rebuild
+            used[a] = 1
+            state[RES0 + a] = 0
+            _maybe_rebuild(docs, state, C)
+            return
+    state[RES0 + a] = pa + n
+    for o in range(n):
+        _count(keys, vals, nodes, used, a, tokens, pa + o, min(o + 1, D), path)
+    state[SIZE] += n + 1
+    _maybe_rebuild(docs, state, C)
+
+
+@jit
+def _state_ok(tokens, docs, state, C):
+    """Whether the counters are in range (a state of unchecked values is left alone)."""
+    Q, T = docs.shape[0], tokens.shape[1]
+    ok = 0 <= state[ACTIVE] <= 1 and 0 <= state[SIZE] <= C and 0 <= state[REBUILDING] <= 1
+    for f in (HEAD, TAIL, FIRST, NEXT_DOC):
+        ok = ok and 0 <= state[f] < Q
+    for f in (RES0, RES1):
+        ok = ok and 0 <= state[f] <= T - C // 8
+    return ok
+
+
+@jit
+def _append_docs(doc_tokens, doc_lens, rows, has_rows, tokens, keys, vals, nodes, used, docs,
+                 state, C, D):  # fmt: skip
+    if not _state_ok(tokens, docs, state, C):
+        return
+    R, W = doc_tokens.shape
+    B = rows.shape[0] if has_rows else R
+    piece = max(C // 8 - 1, 1)
+    path = np.zeros(D + 2, np.int64)
+    buf = np.empty(piece, np.int32)
+    for i in range(B):
+        r = rows[i] if has_rows else i
+        if r < 0 or r >= R:
+            continue
+        n = min(max(np.int64(doc_lens[r]), 0), W)
+        for s in range(0, n, piece):
+            m = min(piece, n - s)
+            for t in range(m):  # a copy: the document may be strided
+                buf[t] = doc_tokens[r, s + t]
+            _add_piece(tokens, keys, vals, nodes, used, docs, state, buf, m, C, D, path)
+
+
+def frequency_corpus_append(doc_tokens, doc_lens, req_indices, corpus, *, min_n, max_n):
+    tokens, keys, vals, nodes, used, docs, state = (np_(t) for t in corpus)
+    C = (nodes.shape[2] - 1) // 2  # the budget in slots (nodes [2, 4, 2C + 1])
+    _append_docs(np_(doc_tokens), np_(doc_lens), opt(req_indices, NONE_I32),
+                 req_indices is not None, tokens, keys, vals, nodes, used, docs, state, C,
+                 max_n)  # fmt: skip

@@ -1,0 +1,201 @@
+"""The frequency corpus (family ``frequency_corpus``): ``corpus_append`` on a
+``FrequencyCorpus`` against the reference, its budget and FIFO eviction, the cost bound
+per call, proposals from the corpus (own history vs corpus), shared across paths, errors.
+
+The registration tiers are tests/test_conformance.py's; proposals without a corpus are
+tests/test_frequency.py's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdec_kernels import ops
+from specdec_kernels.constants import FREQUENCY_CORPUS_STATE, FREQUENCY_CORPUS_WORK
+from specdec_kernels.kernels import frequency as _triton
+from specdec_kernels.reference import frequency_corpus as _ref_corpus
+from tests.ngram_helpers import history
+
+I32 = torch.int32
+F = {name: i for i, name in enumerate(FREQUENCY_CORPUS_STATE)}
+
+
+def _random_calls(rng, calls, V):
+    """``calls`` batches of 1-3 documents (strided rows, ragged lengths, padding rows)."""
+    out = []
+    for _ in range(calls):
+        nd, W = int(rng.integers(1, 4)), int(rng.integers(1, 30))
+        full = torch.tensor(rng.integers(0, V, (nd, W + 2)), dtype=I32)
+        req = torch.tensor([*range(nd)][::-1] + [-1], dtype=I32) if rng.random() < 0.5 else None
+        out.append((full[:, 1 : W + 1], torch.tensor(rng.integers(0, W + 1, nd), dtype=I32), req))
+    return out
+
+
+def _pieces(calls, C):
+    """Every piece appended, oldest first (a document of n tokens: pieces of C // 8 - 1)."""
+    size, out = C // 8 - 1, []
+    for docs, lens, req in calls:
+        for r in range(docs.shape[0]) if req is None else req.tolist():
+            if r >= 0:
+                d = docs[r, : int(lens[r])].tolist()
+                out += [d[s : s + size] for s in range(0, len(d), size)]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_cpu_state_and_proposals_equal_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    C, D, V = (
+        int(rng.choice([16, 24, 40, 64, 100])),
+        int(rng.integers(2, 8)),
+        int(rng.integers(1, 4)),
+    )
+    corpus = ops.new_corpus(C, min_n=1, max_n=D, scoring="frequency")
+    state = [t.clone() for t in corpus[:7]]
+    calls = _random_calls(rng, int(rng.integers(1, 12)), V)
+    for docs, lens, req in calls:
+        ops.corpus_append(docs, lens, req, corpus=corpus)
+        _ref_corpus.frequency_corpus_append(docs, lens, req, state, min_n=1, max_n=D)
+        assert all(torch.equal(a, b) for a, b in zip(state, corpus[:7], strict=True))
+        live = _ref_corpus.live_documents(corpus[:7])
+        assert sum(len(d) + 1 for d in live) <= C  # the budget holds after every call
+    # FIFO: the live documents are the newest pieces, whole and in order
+    pieces = _pieces(calls, C)
+    assert live == pieces[len(pieces) - len(live) :]
+    tok, nt = history([rng.integers(0, V, int(rng.integers(0, 20))).tolist() for _ in range(3)],
+                      width=20)  # fmt: skip
+    index = ops.new_ngram_index(3, 20, min_n=1, max_n=D, scoring="frequency")
+    ops.ngram_index_build(tok, nt, index=index)
+    from tests.test_frequency import _propose
+
+    kw = dict(k=int(rng.integers(0, 6)), corpus=corpus, min_token_prob=float(rng.choice([0, 0.3])),
+              max_spec_factor=float(rng.choice([0.5, 1.0, 4.0])))  # fmt: skip
+    assert _propose("ops", tok, nt, index, **kw) == _propose("reference", tok, nt, index, **kw)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_triton_equals_the_cpu_bit_for_bit(seed, kernel_device):
+    rng = np.random.default_rng(100 + seed)
+    C, D, V = int(rng.choice([16, 40])), int(rng.integers(2, 7)), int(rng.integers(1, 4))
+    cpu = ops.new_corpus(C, min_n=1, max_n=D, scoring="frequency")
+    dev = ops.new_corpus(C, min_n=1, max_n=D, scoring="frequency", device=kernel_device)
+    for docs, lens, req in _random_calls(rng, int(rng.integers(1, 7)), V):
+        ops.corpus_append(docs, lens, req, corpus=cpu)
+        on = [None if t is None else t.to(kernel_device) for t in (docs, lens, req)]
+        ops.corpus_append(*on, corpus=dev)
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(dev[:7], cpu[:7], strict=True))
+    tok, nt = history([rng.integers(0, V, 12).tolist() for _ in range(3)], width=12)
+    index = ops.new_ngram_index(3, 12, min_n=1, max_n=D, scoring="frequency")
+    ops.ngram_index_build(tok, nt, index=index)
+    kw = dict(min_n=1, max_n=D, num_speculative_tokens=4, max_model_len=None, min_token_prob=0.1,
+              max_spec_factor=2.0, max_spec_offset=0.0)  # fmt: skip
+    on = [t.to(kernel_device) for t in (tok, nt)]
+    got = _triton.frequency_propose(*on, None, None, [t.to(kernel_device) for t in index[:5]],
+                                    list(dev[:7]), **kw)  # fmt: skip
+    want = ops.ngram_propose(tok, nt, index=index, corpus=cpu, scoring="frequency",
+                             **{k: v for k, v in kw.items() if k != "max_model_len"})  # fmt: skip
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want, strict=True))
+
+
+def test_the_corpus_wins_on_a_higher_score_and_ties_go_to_the_own_history():
+    corpus = ops.new_corpus(64, min_n=1, max_n=6, scoring="frequency")
+    ops.corpus_append(*history([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]]), corpus=corpus)
+    # "2 3" -> 4 5 in the corpus twice (probabilities 1, 1); the own history has "2 3" -> 9
+    # once, before its own tail (1/2)
+    tok, nt = history([[2, 3, 9, 2, 3], [7, 7]], width=6)
+    index = ops.new_ngram_index(2, 6, min_n=1, max_n=6, scoring="frequency")
+    ops.ngram_index_build(tok, nt, index=index)
+    out = ops.ngram_propose(tok, nt, min_n=1, max_n=6, num_speculative_tokens=2, index=index,
+                            corpus=corpus, scoring="frequency")  # fmt: skip
+    assert out.draft_token_ids.tolist() == [[4, 5], [7, -1]]
+    assert out.draft_source.tolist() == [2, 1] and out.match_len.tolist() == [2, 1]
+    # a corpus that scores the same as the own history loses: "7" -> 7 at 1/2 in both
+    ops.corpus_append(*history([[7, 7]]), corpus=corpus)
+    out = ops.ngram_propose(tok[1:], nt[1:], min_n=1, max_n=6, num_speculative_tokens=1,
+                            index=ops.FrequencyIndex(*(t[1:] for t in index[:5]), 1, 6),
+                            corpus=corpus, scoring="frequency")  # fmt: skip
+    assert out.draft_source.tolist() == [1]
+
+
+def test_each_call_costs_at_most_work_plus_one_appends_per_added_slot(monkeypatch):
+    counted = []
+    real = _ref_corpus._Corpus._count
+
+    def count(self, s, p, Dp):
+        counted.append(1)
+        return real(self, s, p, Dp)
+
+    monkeypatch.setattr(_ref_corpus._Corpus, "_count", count)
+    rng = np.random.default_rng(7)
+    C = 64
+    state = list(ops.new_corpus(C, min_n=1, max_n=4, scoring="frequency")[:7])
+    swaps = 0
+    for docs, lens, req in _random_calls(rng, 40, 3):
+        counted.clear()
+        active = int(state[6][F["active"]])
+        _ref_corpus.frequency_corpus_append(docs, lens, req, state, min_n=1, max_n=4)
+        swaps += int(state[6][F["active"]]) != active
+        pieces = _pieces([(docs, lens, req)], C)
+        added = sum(len(p) + 1 for p in pieces)
+        assert len(counted) <= (1 + FREQUENCY_CORPUS_WORK) * added
+    assert swaps > 3  # evictions happened
+
+
+def test_a_document_longer_than_the_budget_keeps_its_newest_pieces():
+    corpus = ops.new_corpus(32, min_n=1, max_n=4, scoring="frequency")
+    doc = list(range(100))
+    ops.corpus_append(*history([doc]), corpus=corpus)
+    live = _ref_corpus.live_documents(corpus[:7])
+    flat = [t for d in live for t in d]
+    assert flat == doc[len(doc) - len(flat) :] and 0 < sum(len(d) + 1 for d in live) <= 32
+    assert all(len(d) <= 3 for d in live)  # pieces of C // 8 - 1 tokens
+
+
+def test_unchecked_garbage_state_neither_hangs_nor_writes_outside_its_arrays():
+    docs, lens = history([[1, 2, 1, 2, 1, 2]])
+    for fill in (0, 5, -3, 10**6):
+        corpus = ops.new_corpus(16, min_n=1, max_n=4, scoring="frequency")
+        for t in corpus[:7]:
+            t.fill_(fill)
+        ops.corpus_append(docs, lens, corpus=corpus, validate=False)
+        tok, nt = history([[1, 2, 1]], width=4)
+        index = ops.new_ngram_index(1, 4, min_n=1, max_n=4, scoring="frequency")
+        out = ops.ngram_propose(tok, nt, min_n=1, max_n=4, num_speculative_tokens=2, index=index,
+                                corpus=corpus, scoring="frequency", validate=False)  # fmt: skip
+        assert out.draft_token_ids.shape == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(capacity=15), "capacity of a frequency corpus must be >= 16"),
+        (dict(index_slots=64), 'index_slots sizes a corpus of scoring="longest" only'),
+        (dict(max_n=1025), "must be <= 1024"),
+        (dict(scoring="often"), "scoring must be one of"),
+    ],
+)
+def test_bad_constructor_arguments(kw, match):
+    args = {"capacity": 64, "min_n": 1, "max_n": 4, "scoring": "frequency", **kw}
+    with pytest.raises(ValueError, match=match):
+        ops.new_corpus(args.pop("capacity"), **args)
+
+
+def test_malformed_corpus_and_rejected_calls_leave_it_unchanged():
+    corpus = ops.new_corpus(32, min_n=1, max_n=4, scoring="frequency")
+    docs, lens = history([[1, 2, 3], [4, 5]])
+    ops.corpus_append(docs, lens, corpus=corpus)
+    before = [t.clone() for t in corpus[:7]]
+    with pytest.raises(ValueError, match="doc_lens"):
+        ops.corpus_append(docs, lens + 5, corpus=corpus)
+    with pytest.raises(ValueError, match="corpus.docs must have shape"):
+        ops.corpus_append(docs, lens, corpus=corpus._replace(docs=corpus.docs[:-1]))
+    with pytest.raises(ValueError, match="corpus.nodes must have shape"):
+        ops.corpus_append(
+            docs, lens, corpus=corpus._replace(nodes=corpus.nodes[:, :, :-1].contiguous())
+        )
+    assert all(torch.equal(a, b) for a, b in zip(before, corpus[:7], strict=True))
+    tok, nt = history([[1, 2]], width=3)
+    with pytest.raises(ValueError, match="a FrequencyIndex or FrequencyCorpus serves"):
+        ops.ngram_propose(tok, nt, min_n=1, max_n=4, num_speculative_tokens=2, corpus=corpus)
