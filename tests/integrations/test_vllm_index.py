@@ -271,3 +271,23 @@ def test_frequency_options_reach_the_proposer():
                "max_spec_offset": 1}  # fmt: skip
     s = NgramProposer(stand_in_config(1, 3, 4, L, custom_class=True, extra=section)).settings
     assert (s.scoring, s.min_n, s.max_n, s.frequency) == ("frequency", 1, 64, (0.5, 2.0, 1.0))
+
+
+def test_frequency_corpus_takes_finished_requests():
+    EOS = 7
+    section = {"scoring": "frequency", "prompt_lookup_max": 8, "corpus_tokens": 4096,
+               "stop_token_ids": [EOS], "max_spec_factor": 4}  # fmt: skip
+    ours = NgramProposer(stand_in_config(1, 8, 4, L, custom_class=True, extra=section))
+    batch = Batch(np.random.default_rng(0))
+    batch.hist = {0: [10, 11, 12, 13, 14, 15, 16, EOS], 1: [20, 21, 22, 23, 24, 25]}
+    batch.next_id = 2
+    for rid in (0, 1):
+        batch.admit(rid)
+    _propose(ours, batch)
+    batch.remove(batch.rows.index(0), preempt=False)  # finished: it ends with EOS
+    batch.remove(batch.rows.index(1), preempt=True)  # preempted: never joins
+    _propose(ours, batch)
+    batch.hist[2], batch.hist[3] = [9, 12, 13], [9, 22, 23]
+    batch.admit(2)
+    batch.admit(3)
+    assert _propose(ours, batch) == [[14, 15, 16, EOS], []]

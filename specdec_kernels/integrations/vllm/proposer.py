@@ -34,6 +34,7 @@ from specdec_kernels.ops import (
     ngram_index_extend,
     ngram_propose,
 )
+from specdec_kernels.ops.frequency import nodes_for, slots_for
 
 __all__ = ["NgramProposer", "NgramSettings", "ngram_settings"]
 
@@ -52,8 +53,7 @@ def index_bytes(settings: NgramSettings, rows: int) -> int:
     with ``scoring="frequency"`` ``R x (12 S + 16 M)`` (``docs/design.md``)."""
     L = settings.max_model_len
     if settings.scoring == "frequency":
-        probe = new_ngram_index(0, L, min_n=1, max_n=1, scoring="frequency")
-        return rows * (12 * probe.keys.shape[1] + 16 * probe.nodes.shape[2])
+        return rows * (12 * slots_for(L) + 16 * nodes_for(L))
     return rows * (settings.max_n - settings.min_n + 1) * 2 * L * 8
 
 
