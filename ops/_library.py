@@ -81,6 +81,26 @@ def define(
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
 
 
+def _no_index_output(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
+    return None
+
+
+def define_index_updates(family: str, cpu, names: tuple[str, ...]) -> None:
+    """Define the ops that update an own-history index in place, build and extend (the
+    n-gram index's and the frequency index's share the schema ``<name>(token_ids,
+    num_tokens, req_indices, index!, *, min_n, max_n) -> ()``); ``cpu`` is the family's
+    CPU module (``<name>`` and ``<name>_checked``)."""
+    for name in names:
+        define(
+            f"{name}(Tensor token_ids, Tensor num_tokens, Tensor? req_indices, "
+            "Tensor(a!)[] index, *, int min_n, int max_n) -> ()",
+            cpu=getattr(cpu, name),
+            cuda=f"specdec_kernels.kernels.{family}:{name}",
+            fake=_no_index_output,
+            cpu_checked=getattr(cpu, f"{name}_checked"),
+        )
+
+
 _SCALARS = frozenset({int, float, bool, str, type(None)})
 """The non-tensor argument types of a schema: nothing to look at (the common case first)."""
 

@@ -17,7 +17,7 @@ import torch
 from specdec_kernels.constants import FREQUENCY_CORPUS_STATE, FREQUENCY_MAX_DEPTH
 from specdec_kernels.cpu import frequency as _cpu
 from specdec_kernels.cpu import frequency_corpus as _cpu_corpus
-from specdec_kernels.ops._library import define
+from specdec_kernels.ops._library import define, define_index_updates
 from specdec_kernels.ops._memory import full
 from specdec_kernels.ops._validation import check_n_range, check_shape, check_state_tensor
 
@@ -44,19 +44,7 @@ class FrequencyIndex(NamedTuple):
     context plus its drafts."""
 
 
-def _no_output(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
-    return None
-
-
-for _name in ("frequency_index_build", "frequency_index_extend"):
-    define(
-        f"{_name}(Tensor token_ids, Tensor num_tokens, Tensor? req_indices, "
-        "Tensor(a!)[] index, *, int min_n, int max_n) -> ()",
-        cpu=getattr(_cpu, _name),
-        cuda=f"specdec_kernels.kernels.frequency:{_name}",
-        fake=_no_output,
-        cpu_checked=getattr(_cpu, f"{_name}_checked"),
-    )
+define_index_updates("frequency", _cpu, ("frequency_index_build", "frequency_index_extend"))
 
 
 class FrequencyCorpus(NamedTuple):

@@ -14,7 +14,7 @@ import torch
 
 from specdec_kernels.constants import SCORINGS
 from specdec_kernels.cpu import ngram_index as _cpu
-from specdec_kernels.ops._library import call, define
+from specdec_kernels.ops._library import call, define_index_updates
 from specdec_kernels.ops._memory import full
 from specdec_kernels.ops._validation import (
     check_batch_lengths,
@@ -46,19 +46,7 @@ class NgramIndex(NamedTuple):
     max_n: int
 
 
-def _no_output(token_ids, num_tokens, req_indices, index, *, min_n, max_n):
-    return None
-
-
-for _name in ("ngram_index_build", "ngram_index_extend"):
-    define(
-        f"{_name}(Tensor token_ids, Tensor num_tokens, Tensor? req_indices, "
-        "Tensor(a!)[] index, *, int min_n, int max_n) -> ()",
-        cpu=getattr(_cpu, _name),
-        cuda=f"specdec_kernels.kernels.ngram_index:{_name}",
-        fake=_no_output,
-        cpu_checked=getattr(_cpu, f"{_name}_checked"),
-    )
+define_index_updates("ngram_index", _cpu, ("ngram_index_build", "ngram_index_extend"))
 
 
 def new_ngram_index(

@@ -17,3 +17,14 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     unwritten (``tests/conformance.py``).
     """
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def proposal_outputs(B: int, k: int, device: torch.device) -> list[torch.Tensor]:
+    """A proposal's outputs: drafts int32 ``[B, k]``, counts, match_len int32 ``[B]``,
+    source int8 ``[B]`` (through :func:`_empty`)."""
+    return [
+        _empty((B, k), torch.int32, device),
+        _empty((B,), torch.int32, device),
+        _empty((B,), torch.int32, device),
+        _empty((B,), torch.int8, device),
+    ]

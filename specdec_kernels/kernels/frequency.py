@@ -274,12 +274,8 @@ def frequency_propose(
     """Launch the propose kernel, one program per batch row; inputs are validated."""
     k = num_speculative_tokens
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
-    device = token_ids.device
-    drafts = _utils._empty((B, k), torch.int32, device)
-    counts = _utils._empty((B,), torch.int32, device)
-    match_len = _utils._empty((B,), torch.int32, device)
-    source = _utils._empty((B,), torch.int8, device)
-    probs = _utils._empty((B, k), torch.float32, device)
+    drafts, counts, match_len, source = _utils.proposal_outputs(B, k, token_ids.device)
+    probs = _utils._empty((B, k), torch.float32, token_ids.device)
     if B == 0:
         return drafts, counts, match_len, source, probs
     keys, vals, nodes, used, _ = index

@@ -221,10 +221,7 @@ def ngram_propose(
     k = num_speculative_tokens
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
     device = token_ids.device
-    drafts = _utils._empty((B, k), torch.int32, device)
-    counts = _utils._empty((B,), torch.int32, device)
-    match_len = _utils._empty((B,), torch.int32, device)
-    source = _utils._empty((B,), torch.int8, device)
+    drafts, counts, match_len, source = _utils.proposal_outputs(B, k, device)
     if B == 0:
         return drafts, counts, match_len, source
     if k == 0:

@@ -86,17 +86,12 @@ def _step(batch, ours, theirs, k):
     assert got == want
 
 
-@pytest.mark.parametrize("config", [(1, 3, 4), (2, 5, 3)], ids=["min1-max3-k4", "min2-max5-k3"])
-@settings(max_examples=25)
-@given(seed=st.integers(0, 2**31 - 1))
-def test_index_drafts_like_vllm_under_random_schedules(config, seed):
-    rng = np.random.default_rng(seed)
-    ours = NgramProposer(stand_in_config(*config, L, custom_class=True))  # a fresh index
-    theirs = proposers(*config, L)[1]
-    batch = Batch(rng)
+def _random_schedule(batch, rng, step, steps=30):
+    """Three admissions, then ``steps`` random schedule events, ``step(batch)`` after each
+    one that leaves requests in the batch."""
     for _ in range(3):
         batch.admit()
-    for _ in range(30):
+    for _ in range(steps):
         op = rng.choice(["admit", "finish", "preempt", "resume", "swap", "grow", "grow"])
         if op == "admit":
             batch.admit()
@@ -110,7 +105,17 @@ def test_index_drafts_like_vllm_under_random_schedules(config, seed):
         else:
             batch.grow()
         if batch.rows:
-            _step(batch, ours, theirs, config[2])
+            step(batch)
+
+
+@pytest.mark.parametrize("config", [(1, 3, 4), (2, 5, 3)], ids=["min1-max3-k4", "min2-max5-k3"])
+@settings(max_examples=25)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_index_drafts_like_vllm_under_random_schedules(config, seed):
+    rng = np.random.default_rng(seed)
+    ours = NgramProposer(stand_in_config(*config, L, custom_class=True))  # a fresh index
+    theirs = proposers(*config, L)[1]
+    _random_schedule(Batch(rng), rng, lambda batch: _step(batch, ours, theirs, config[2]))
 
 
 def _corpus_proposer(**extra):
@@ -221,29 +226,17 @@ def test_frequency_scoring_follows_the_batch_under_random_schedules(seed):
     section = {"scoring": "frequency", "prompt_lookup_max": D}
     ours = NgramProposer(stand_in_config(1, D, k, L, custom_class=True, extra=section))
     assert (ours.settings.min_n, ours.settings.max_n) == (1, D)
+    drafted = []
+
+    def step(batch):
+        sampled = [[] if rng.random() < 0.1 else [1] for _ in batch.rows]
+        got = ours.propose(sampled, batch.num, batch.tok, slot_mappings=None)
+        assert got == _fresh_frequency_drafts(batch, sampled, k, D)
+        drafted.append(sum(map(len, got)))
+
     batch = Batch(rng)
-    for _ in range(3):
-        batch.admit()
-    drafted = 0
-    for _ in range(30):
-        op = rng.choice(["admit", "finish", "preempt", "resume", "swap", "grow", "grow"])
-        if op == "admit":
-            batch.admit()
-        elif op in ("finish", "preempt") and batch.rows:
-            batch.remove(int(rng.integers(0, len(batch.rows))), preempt=op == "preempt")
-        elif op == "resume" and batch.preempted:
-            batch.admit(batch.preempted.pop(int(rng.integers(0, len(batch.preempted)))))
-        elif op == "swap" and len(batch.rows) > 1:
-            i, j = rng.choice(len(batch.rows), 2, replace=False)
-            batch.swap(int(i), int(j))
-        else:
-            batch.grow()
-        if batch.rows:
-            sampled = [[] if rng.random() < 0.1 else [1] for _ in batch.rows]
-            got = ours.propose(sampled, batch.num, batch.tok, slot_mappings=None)
-            assert got == _fresh_frequency_drafts(batch, sampled, k, D)
-            drafted += sum(map(len, got))
-    assert drafted > 0 or len(batch.hist) < 2
+    _random_schedule(batch, rng, step)
+    assert sum(drafted) > 0 or len(batch.hist) < 2
 
 
 @pytest.mark.parametrize(
