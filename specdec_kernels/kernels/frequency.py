@@ -208,6 +208,7 @@ def _propose_kernel(token_ids_ptr, hist_stride, tok_stride, num_tokens_ptr, req_
     offs = tl.arange(0, K_BLOCK)
     tl.store(out + offs, tl.full((K_BLOCK,), -1, tl.int32), mask=offs < k)
     tl.store(probs + offs, tl.zeros((K_BLOCK,), tl.float32), mask=offs < k)
+    tl.debug_barrier()  # the padding, stored by every lane, lands before one lane's drafts
     min_prob = min_prob_bits.to(tl.int64).to(tl.float64, bitcast=True)
     factor = factor_bits.to(tl.int64).to(tl.float64, bitcast=True)
     offset = offset_bits.to(tl.int64).to(tl.float64, bitcast=True)
