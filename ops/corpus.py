@@ -31,6 +31,7 @@ from specdec_kernels.ops.frequency import (
     FrequencyCorpus,
     check_frequency_corpus,
     new_frequency_corpus,
+    no_append_output,
 )
 
 
@@ -49,16 +50,12 @@ class Corpus(NamedTuple):
     max_n: int
 
 
-def _no_output(doc_tokens, doc_lens, req_indices, corpus, *, min_n, max_n):
-    return None
-
-
 define(
     "corpus_append(Tensor doc_tokens, Tensor doc_lens, Tensor? req_indices, "
     "Tensor(a!)[] corpus, *, int min_n, int max_n) -> ()",
     cpu=_cpu.corpus_append,
     cuda="specdec_kernels.kernels.corpus:corpus_append",
-    fake=_no_output,
+    fake=no_append_output,
 )
 
 
@@ -78,8 +75,9 @@ def new_corpus(
     ``docs/design.md``, "Shared corpus".
 
     ``scoring="frequency"`` (a :class:`FrequencyCorpus` for ``ngram_propose(...,
-    scoring="frequency")``): a budget of ``C >= 16`` slots (a document takes its tokens plus
-    one), ``max_n`` the depth D; the oldest documents are evicted exactly, by rebuilding;
+    scoring="frequency")``): a budget of ``C >= 8 (min_n + 2)`` slots (a document takes its
+    tokens plus one), ``max_n`` the depth D; the oldest documents are evicted exactly, by
+    rebuilding;
     two stores of ~(36 + 12 S / C) B a slot each (``S`` the trie's power-of-two table, ~2.7-5.3
     C). Contract: ``docs/design.md``, "Frequency-scored drafting".
 
@@ -87,7 +85,8 @@ def new_corpus(
     ------
     ValueError
         ``capacity < 1``, ``index_slots < 1``, a bad n range, an unknown ``scoring``; for
-        ``"frequency"``: ``capacity < 16``, ``max_n > FREQUENCY_MAX_DEPTH``, ``index_slots``.
+        ``"frequency"``: ``capacity < 8 (min_n + 2)``, ``min_n >= max_n``, ``max_n >
+        FREQUENCY_MAX_DEPTH``, ``index_slots``.
 
     Examples
     --------
@@ -163,7 +162,10 @@ def corpus_append(
     persistent ``token_ids``, ``num_tokens`` and ``where(finished, req_indices, -1)``), or
     any text. When the ring is full, whole documents are evicted, oldest first. In place,
     no host synchronisation (``torch.ops.specdec.corpus_append``). Contract:
-    ``docs/design.md``, "Shared corpus".
+    ``docs/design.md``, "Shared corpus". On a ``FrequencyCorpus`` a document enters as
+    pieces of at most ``C // 8 - 1`` tokens and the oldest pieces leave, exactly, by the
+    rebuild that starts past ``6/8 C`` (op ``frequency_corpus_append``; contract:
+    ``docs/design.md``, "Frequency-scored drafting").
 
     Parameters
     ----------

@@ -69,7 +69,8 @@ class FrequencyCorpus(NamedTuple):
     max_n: int
 
 
-def _no_append_output(doc_tokens, doc_lens, req_indices, corpus, *, min_n, max_n):
+def no_append_output(doc_tokens, doc_lens, req_indices, corpus, *, min_n, max_n):
+    """The fake of both corpus appends (the n-gram corpus's and this one's): no outputs."""
     return None
 
 
@@ -78,7 +79,7 @@ define(
     "Tensor(a!)[] corpus, *, int min_n, int max_n) -> ()",
     cpu=_cpu_corpus.frequency_corpus_append,
     cuda="specdec_kernels.kernels.frequency_corpus:frequency_corpus_append",
-    fake=_no_append_output,
+    fake=no_append_output,
 )
 
 
@@ -119,6 +120,13 @@ def slots_for(max_model_len: int) -> int:
     """The default hash slots per row: the smallest power of two holding a full row's keys
     (one a node but the root) at most 3/4 full."""
     return 1 << max(4, math.ceil(math.log2(4 * (nodes_for(max_model_len) - 1) / 3)))
+
+
+def _new_nodes(tries: int, M: int, device) -> torch.Tensor:
+    """int32 ``[tries, 4, M]``: empty node arrays (no best continuation anywhere)."""
+    nodes = torch.zeros((tries, 4, M), dtype=torch.int32, device=device)
+    nodes[:, 3] = -1
+    return nodes
 
 
 def check_depth(min_n: int, max_n: int) -> None:
@@ -167,8 +175,7 @@ def new_frequency_index(
             f"slots of a frequency index must be a power of two >= 2 * max_model_len + 1 "
             f"({M}) so that a full row always leaves an empty slot, got {S}"
         )
-    nodes = torch.zeros((num_rows, 4, M), dtype=torch.int32, device=device)
-    nodes[:, 3] = -1
+    nodes = _new_nodes(num_rows, M, device)
     return FrequencyIndex(
         full((num_rows, S), 0, dtype=torch.int64, device=device),
         torch.zeros((num_rows, S), dtype=torch.int32, device=device),
@@ -214,16 +221,16 @@ def check_frequency_index(index: FrequencyIndex, token_ids: torch.Tensor) -> Fre
 
 def new_frequency_corpus(capacity: int, *, min_n: int, max_n: int, device) -> FrequencyCorpus:
     """``new_corpus(..., scoring="frequency")`` (checked there)."""
-    if capacity < 16:
+    if capacity < 8 * (min_n + 2):
         raise ValueError(
-            f"capacity of a frequency corpus must be >= 16 slots (its pieces are C / 8 - 1 "
-            f"tokens), got {capacity}"
+            f"capacity of a frequency corpus must be >= 8 (min_n + 2) = {8 * (min_n + 2)} slots "
+            f"(its pieces are C // 8 - 1 tokens: a context of min_n and a continuation), got "
+            f"{capacity}"
         )
     check_depth(min_n, max_n)
     C = capacity
     S = slots_for(C)
-    nodes = torch.zeros((2, 4, 2 * C + 1), dtype=torch.int32, device=device)
-    nodes[:, 3] = -1
+    nodes = _new_nodes(2, 2 * C + 1, device)
     docs = torch.full((C // 2 + 2, 3), -1, dtype=torch.int64, device=device)
     docs[:, 0] = 0
     return FrequencyCorpus(

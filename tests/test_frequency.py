@@ -267,7 +267,7 @@ def _call(**over):
         (dict(max_n=5), "index was made for n in"),
         (dict(corpus=ops.new_corpus(8, min_n=1, max_n=4)), "drafts from a FrequencyCorpus"),
         (
-            dict(corpus=ops.new_corpus(16, min_n=1, max_n=5, scoring="frequency")),
+            dict(corpus=ops.new_corpus(24, min_n=1, max_n=5, scoring="frequency")),
             "corpus was made for n in",
         ),
     ],

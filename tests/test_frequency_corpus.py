@@ -15,6 +15,7 @@ import torch
 from specdec_kernels import ops
 from specdec_kernels.constants import FREQUENCY_CORPUS_STATE, FREQUENCY_CORPUS_WORK
 from specdec_kernels.kernels import frequency as _triton
+from specdec_kernels.kernels import frequency_corpus as _triton_corpus
 from specdec_kernels.reference import frequency_corpus as _ref_corpus
 from tests.ngram_helpers import history
 
@@ -48,7 +49,7 @@ def _pieces(calls, C):
 def test_cpu_state_and_proposals_equal_the_reference(seed):
     rng = np.random.default_rng(seed)
     C, D, V = (
-        int(rng.choice([16, 24, 40, 64, 100])),
+        int(rng.choice([24, 25, 40, 64, 100])),
         int(rng.integers(2, 8)),
         int(rng.integers(1, 4)),
     )
@@ -78,7 +79,7 @@ def test_cpu_state_and_proposals_equal_the_reference(seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_triton_equals_the_cpu_bit_for_bit(seed, kernel_device):
     rng = np.random.default_rng(100 + seed)
-    C, D, V = int(rng.choice([16, 40])), int(rng.integers(2, 7)), int(rng.integers(1, 4))
+    C, D, V = int(rng.choice([24, 40])), int(rng.integers(2, 7)), int(rng.integers(1, 4))
     cpu = ops.new_corpus(C, min_n=1, max_n=D, scoring="frequency")
     dev = ops.new_corpus(C, min_n=1, max_n=D, scoring="frequency", device=kernel_device)
     for docs, lens, req in _random_calls(rng, int(rng.integers(1, 7)), V):
@@ -156,7 +157,7 @@ def test_a_document_longer_than_the_budget_keeps_its_newest_pieces():
 def test_unchecked_garbage_state_neither_hangs_nor_writes_outside_its_arrays():
     docs, lens = history([[1, 2, 1, 2, 1, 2]])
     for fill in (0, 5, -3, 10**6):
-        corpus = ops.new_corpus(16, min_n=1, max_n=4, scoring="frequency")
+        corpus = ops.new_corpus(24, min_n=1, max_n=4, scoring="frequency")
         for t in corpus[:7]:
             t.fill_(fill)
         ops.corpus_append(docs, lens, corpus=corpus, validate=False)
@@ -167,10 +168,27 @@ def test_unchecked_garbage_state_neither_hangs_nor_writes_outside_its_arrays():
         assert out.draft_token_ids.shape == (1, 2)
 
 
+@pytest.mark.parametrize("impl", ["ops", "triton"])
+def test_counters_that_would_overflow_a_store_stop_the_call_inside_the_arrays(impl, kernel_device):
+    # found by review: counters in range at the call's start, but a second piece would be
+    # staged past the token array (validate=False); the kernels re-check before each piece
+    dev = kernel_device if impl == "triton" else torch.device("cpu")
+    corpus = ops.new_corpus(32, min_n=1, max_n=3, scoring="frequency", device=dev)
+    corpus.state[F["active"]], corpus.state[F["reserved1"]] = 1, 32  # T - C // 8
+    docs, lens = torch.arange(6, dtype=I32, device=dev)[None], torch.tensor([6], dtype=I32)
+    lens = lens.to(dev)
+    if impl == "ops":
+        ops.corpus_append(docs, lens, corpus=corpus, validate=False)
+    else:
+        _triton_corpus.frequency_corpus_append(docs, lens, None, list(corpus[:7]), min_n=1,
+                                               max_n=3)  # fmt: skip
+    assert int(corpus.state[F["reserved1"]]) <= corpus.tokens.shape[1]
+
+
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(capacity=15), "capacity of a frequency corpus must be >= 16"),
+        (dict(capacity=23), r"must be >= 8 \(min_n \+ 2\) = 24 slots"),
         (dict(index_slots=64), 'index_slots sizes a corpus of scoring="longest" only'),
         (dict(max_n=1025), "must be <= 1024"),
         (dict(scoring="often"), "scoring must be one of"),

@@ -200,8 +200,11 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError(f"--repeats must be >= 1, got {a.repeats}")
     if a.threads < 0:
         raise UsageError(f"--threads must be >= 0, got {a.threads}")
-    if a.corpus < 0 or (a.scoring == "frequency" and 0 < a.corpus < 16):
-        raise UsageError(f"--corpus must be 0 or >= 16 (tokens), got {a.corpus}")
+    if a.corpus < 0 or (a.scoring == "frequency" and 0 < a.corpus < 8 * (a.min_n + 2)):
+        raise UsageError(
+            f"--corpus must be 0 or (with --scoring frequency) >= 8 (--min-n + 2) tokens, got "
+            f"{a.corpus}"
+        )
     if a.logprobs is not None and a.logprobs < 0:
         raise UsageError(f"--logprobs must be >= 0, got {a.logprobs}")
     for mod in ("transformers", "safetensors", "tqdm"):

@@ -139,8 +139,10 @@ class Engine:
                 f"scoring='frequency' needs min_n < max_n <= 1024 (max_n is the depth: context "
                 f"plus drafts), got min_n={min_n}, max_n={max_n}"
             )
-        if scoring == "frequency" and 0 < corpus_tokens < 16:
-            raise EngineError(f"a frequency corpus needs >= 16 tokens, got {corpus_tokens}")
+        if scoring == "frequency" and 0 < corpus_tokens < 8 * (min_n + 2):
+            raise EngineError(
+                f"a frequency corpus needs >= 8 (min_n + 2) slots, got {corpus_tokens}"
+            )
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if not 2 <= max_model_len <= model.cfg.max_position_embeddings:

@@ -42,6 +42,8 @@ def _count_into(tokens, keys, vals, nodes, used, docs, state, a, b, slots, D, pa
         q = state[NEXT_DOC]
         n = docs[q, LEN]
         if state[NEXT_OFF] < 0:  # the document starts in store b: its separator's slot
+            if n < 0 or state[RES0 + b] + n > tokens.shape[1]:
+                return  # only a state of unchecked values
             docs[q, START0 + b] = state[RES0 + b]
             state[RES0 + b] += n
             state[NEXT_OFF] = 0
@@ -106,7 +108,8 @@ def _add_piece(tokens, keys, vals, nodes, used, docs, state, src, n, C, D, path)
 
 @jit
 def _state_ok(tokens, docs, state, C):
-    """Whether the counters are in range (a state of unchecked values is left alone)."""
+    """Whether the counters are in range, so that the next piece stays inside the arrays
+    (a state of unchecked values is left alone from there on; a valid one always is)."""
     Q, T = docs.shape[0], tokens.shape[1]
     ok = 0 <= state[ACTIVE] <= 1 and 0 <= state[SIZE] <= C and 0 <= state[REBUILDING] <= 1
     for f in (HEAD, TAIL, FIRST, NEXT_DOC):
@@ -119,8 +122,6 @@ def _state_ok(tokens, docs, state, C):
 @jit
 def _append_docs(doc_tokens, doc_lens, rows, has_rows, tokens, keys, vals, nodes, used, docs,
                  state, C, D):  # fmt: skip
-    if not _state_ok(tokens, docs, state, C):
-        return
     R, W = doc_tokens.shape
     B = rows.shape[0] if has_rows else R
     piece = max(C // 8 - 1, 1)
@@ -133,6 +134,8 @@ def _append_docs(doc_tokens, doc_lens, rows, has_rows, tokens, keys, vals, nodes
         n = min(max(np.int64(doc_lens[r]), 0), W)
         for s in range(0, n, piece):
             m = min(piece, n - s)
+            if not _state_ok(tokens, docs, state, C):  # before every piece: see _state_ok
+                return
             for t in range(m):  # a copy: the document may be strided
                 buf[t] = doc_tokens[r, s + t]
             _add_piece(tokens, keys, vals, nodes, used, docs, state, buf, m, C, D, path)

@@ -42,13 +42,16 @@ def _count_into(tokens, keys, vals, nodes, used, docs, state, path, a, b, slots,
     while going:
         q = tl.load(state + _NEXT_DOC)
         n = tl.load(docs + q * 3)
-        if tl.load(state + _NEXT_OFF) < 0:  # the document starts in store b
+        starting = tl.load(state + _NEXT_OFF) < 0
+        room = tl.load(state + _RES0 + b) + n <= T
+        fits = (n >= 0) & (room | (starting == 0))  # else: a corrupt state
+        if fits & starting:  # the document starts in store b
             res = tl.load(state + _RES0 + b)
             tl.store(docs + q * 3 + 1 + b, res)
             tl.store(state + _RES0 + b, res + n)
             tl.store(state + _NEXT_OFF, 0)
             slots -= 1
-        off = tl.load(state + _NEXT_OFF)
+        off = tl.where(fits, tl.load(state + _NEXT_OFF), -1)
         sa = tl.load(docs + q * 3 + 1 + a)
         sb = tl.load(docs + q * 3 + 1 + b)
         ok = (sa >= 0) & (sb >= 0) & (off >= 0) & (n >= 0) & (tl.maximum(sa, sb) + n <= T)
@@ -136,27 +139,34 @@ def _in(v, n):
 
 
 @triton.jit
+def _state_ok(st, C, T, Q):
+    """``cpu/frequency_corpus.py``'s ``_state_ok``: the counters in range, so that the next
+    piece stays inside the arrays."""
+    ok = (tl.load(st + _ACTIVE) >= 0) & (tl.load(st + _ACTIVE) <= 1)
+    ok = ok & (tl.load(st + _SIZE) >= 0) & (tl.load(st + _SIZE) <= C)
+    ok = ok & (tl.load(st + _REB) >= 0) & (tl.load(st + _REB) <= 1)
+    ok = ok & _in(tl.load(st + _HEAD), Q) & _in(tl.load(st + _TAIL), Q)
+    ok = ok & _in(tl.load(st + _FIRST), Q) & _in(tl.load(st + _NEXT_DOC), Q)
+    return ok & _in(tl.load(st + _RES0), T - C // 8 + 1) & _in(tl.load(st + _RES1), T - C // 8 + 1)
+
+
+@triton.jit(do_not_specialize=["B", "R", "W", "doc_s0", "doc_s1"])
 def _corpus_append_kernel(doc_ptr, doc_s0, doc_s1, lens_ptr, req_indices_ptr, B, R, W,
                           tokens_ptr, keys_ptr, vals_ptr, nodes_ptr, used_ptr, docs_ptr,
                           state_ptr, path_ptr, C, D, T, S, M, Q, HAS_REQ_INDICES: tl.constexpr,
                           BLOCK: tl.constexpr):  # fmt: skip
     """Append the batch's documents in order, one program (``grid = (1,)``)."""
     piece = tl.maximum(C // 8 - 1, 1)
-    st = state_ptr
-    ok = (tl.load(st + _ACTIVE) >= 0) & (tl.load(st + _ACTIVE) <= 1)
-    ok = ok & (tl.load(st + _SIZE) >= 0) & (tl.load(st + _SIZE) <= C)
-    ok = ok & (tl.load(st + _REB) >= 0) & (tl.load(st + _REB) <= 1)
-    ok = ok & _in(tl.load(st + _HEAD), Q) & _in(tl.load(st + _TAIL), Q)
-    ok = ok & _in(tl.load(st + _FIRST), Q) & _in(tl.load(st + _NEXT_DOC), Q)
-    ok = ok & _in(tl.load(st + _RES0), T - C // 8 + 1) & _in(tl.load(st + _RES1), T - C // 8 + 1)
-    if ok:
-        for i in range(0, B):
-            r = i
-            if HAS_REQ_INDICES:
-                r = tl.load(req_indices_ptr + i)
-            if (r >= 0) & (r < R):
-                n = tl.minimum(tl.maximum(tl.load(lens_ptr + r).to(tl.int64), 0), W)
-                for s in range(0, n, piece):
+    ok = _state_ok(state_ptr, C, T, Q)
+    for i in range(0, B):
+        r = i
+        if HAS_REQ_INDICES:
+            r = tl.load(req_indices_ptr + i)
+        if (r >= 0) & (r < R):
+            n = tl.minimum(tl.maximum(tl.load(lens_ptr + r).to(tl.int64), 0), W)
+            for s in range(0, n, piece):
+                ok = ok & _state_ok(state_ptr, C, T, Q)  # before every piece
+                if ok:
                     m = tl.minimum(piece, n - s)
                     _add_piece(doc_ptr + r * doc_s0 + s * doc_s1, doc_s1, m, tokens_ptr,
                                keys_ptr, vals_ptr, nodes_ptr, used_ptr, docs_ptr, state_ptr,

@@ -244,7 +244,7 @@ def test_frequency_scoring_follows_the_batch_under_random_schedules(seed):
     [
         ({"scoring": "often"}, "scoring must be one of"),
         ({"scoring": "frequency", "index": False}, "needs the own-history index"),
-        ({"scoring": "frequency", "corpus_tokens": 8}, "must be >= 16 slots"),
+        ({"scoring": "frequency", "corpus_tokens": 23}, r"must be >= 8 \(prompt_lookup_min \+ 2\)"),
         ({"scoring": "frequency", "min_token_prob": 1.5}, r"min_token_prob must be a real number"),
         ({"scoring": "frequency", "min_token_prob": True}, r"min_token_prob must be a real number"),
         ({"scoring": "frequency", "max_spec_factor": -1}, "max_spec_factor must be a real number"),

@@ -203,14 +203,14 @@ def ngram_settings(vllm_config: Any) -> NgramSettings:
     if not isinstance(stops, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in stops):
         raise ValueError(f"stop_token_ids must be a list of token ids >= 0, got {stops!r}")
     cap = _int_option(section, "max_index_bytes", DEFAULT_MAX_INDEX_BYTES, min_value=0)
-    frequency = _frequency_options(section, scoring, index, corpus)
+    frequency = _frequency_options(section, scoring, index, corpus, lo)
     return NgramSettings(
         lo, hi, k, max_model_len, tie_break, index, corpus, documents, tuple(stops), cap,
         scoring, frequency,
     )  # fmt: skip
 
 
-def _frequency_options(section, scoring, index, corpus) -> tuple[float, float, float]:
+def _frequency_options(section, scoring, index, corpus, lo) -> tuple[float, float, float]:
     given = [name for name in FREQUENCY_DEFAULTS if name in section]
     if scoring == "longest":
         if given:
@@ -220,9 +220,10 @@ def _frequency_options(section, scoring, index, corpus) -> tuple[float, float, f
         raise ValueError("scoring='frequency' needs the own-history index (index: true)")
     if "tie_break" in section:
         raise ValueError("tie_break is an option of scoring='longest' only")
-    if 0 < corpus < 16:
+    if 0 < corpus < 8 * (lo + 2):
         raise ValueError(
-            f"corpus_tokens with scoring='frequency' must be >= 16 slots, got {corpus}"
+            f"corpus_tokens with scoring='frequency' must be >= 8 (prompt_lookup_min + 2) = "
+            f"{8 * (lo + 2)} slots, got {corpus}"
         )
     return check_frequency_params(*(section.get(name) for name in FREQUENCY_DEFAULTS))
 
