@@ -93,7 +93,7 @@ def _key(parent, tok):
 def _home(parent, tok, mask):
     """The home slot of ``(parent, tok)``: a 32-bit murmur3-style mix in int64 lanes
     (products wrap; only their low 32 bits are kept), the same integers in a Triton
-    kernel (``frequency_trie_triton.py``)."""
+    kernel (``specdec_kernels/kernels/frequency_trie.py``, the op's)."""
     h = (np.int64(parent + 1) * _C0 + np.int64(tok + 1)) & _LO32
     h = ((h ^ (h >> 16)) * _C1) & _LO32
     h = ((h ^ (h >> 13)) * _C2) & _LO32

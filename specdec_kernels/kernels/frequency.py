@@ -2,7 +2,8 @@
 ``_extend`` and of ``ngram_propose(scoring="frequency")``.
 
 The trie of ``specdec_kernels/cpu/frequency.py`` (same layout, same integers: a state
-built by one path reads the same on the other). One program per batch row, one warp:
+built by one path reads the same on the other; its device functions are in
+``kernels/frequency_trie.py``). One program per batch row, one warp:
 a row's appends are sequential by nature (each reads what the previous one wrote), so
 the code is scalar, with no atomics and nothing that depends on scheduling; with more
 warps every thread would run the loops and read back what thread 0 alone stored.
@@ -11,8 +12,9 @@ warps every thread would run the loops and read back what thread 0 alone stored.
 - build: ``_clear_kernel`` empties the rows' hash tables (grid ``(B, S / BLOCK)``), then
   the extend kernel counts every position from 0;
 - extend: positions ``length[r] .. num_tokens[r] - 1``, O(new tokens x D) per row;
-- propose: the descent over the request's last tokens and one chain per context length,
-  float64 probabilities; the proposal launches with ``enable_fp_fusion=False`` so that
+- propose: per source (the row's trie, the corpus's active store) the descent over the
+  request's last tokens and one chain per context length, float64 probabilities; the
+  corpus wins on a higher score; the proposal launches with ``enable_fp_fusion=False`` so that
   ``m * factor + offset`` rounds twice as in the other paths, and its float parameters
   travel as their int64 bit patterns (a Python float argument would become float32).
 
