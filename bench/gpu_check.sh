@@ -8,8 +8,12 @@
 # has its own time limit (seconds, overridable), so a slow stage cannot eat the others:
 #   GPU_TESTS_TIMEOUT (default 60):     pytest -m gpu (tests that need CUDA)
 #   KERNEL_TESTS_TIMEOUT (default 120): the kernel-vs-reference tests, now on CUDA
-#                                       (pytest -m "not slow and not model", -x)
+#                                       (pytest -m "not slow and not model"; stops after
+#                                       KERNEL_TESTS_MAXFAIL failures, default 20)
 #   BENCH_TIMEOUT (default 100):        python -m bench.gpu (writes bench/results/<date>-<gpu>.md)
+#   OVERHEAD_TIMEOUT (default 45):      python -m bench.overhead --device cuda, the host's cost
+#                                       of one call per op with real launches
+#                                       (writes bench/results/<date>-overhead-<gpu>.md)
 # Extra arguments are passed to bench.gpu (e.g. --quick, --only ngram).
 # Exit status: 0 if every stage passed, else the first failing stage's status.
 set -u -o pipefail
@@ -47,7 +51,7 @@ fi
 # The kernels must run compiled, not interpreted.
 unset TRITON_INTERPRET
 XDIST=()
-if "$PY" -c 'import xdist' 2>/dev/null; then XDIST=(-n 4); fi
+if "$PY" -c 'import xdist' 2>/dev/null; then XDIST=(-n "${XDIST_WORKERS:-8}"); fi
 
 status=0
 stage() {  # stage NAME TIMEOUT CMD...
@@ -65,9 +69,12 @@ stage() {  # stage NAME TIMEOUT CMD...
 stage gpu-tests "${GPU_TESTS_TIMEOUT:-60}" \
     "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
 stage kernel-tests "${KERNEL_TESTS_TIMEOUT:-120}" \
-    "$PY" -m pytest -m "not slow and not model and not gpu" -q -x -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} tests
+    "$PY" -m pytest -m "not slow and not model and not gpu" -q -rf \
+    --maxfail="${KERNEL_TESTS_MAXFAIL:-20}" -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} tests
 stage timings "${BENCH_TIMEOUT:-100}" \
     "$PY" -m bench.gpu "$@"
+stage overhead "${OVERHEAD_TIMEOUT:-45}" \
+    "$PY" -m bench.overhead --device cuda --rounds 200 --repeats 5
 
 echo "gpu_check: done, exit $status (results in bench/results/)"
 exit $status

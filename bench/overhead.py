@@ -11,7 +11,13 @@ For each case of the conformance registry (tests/conformance.py: every op, small
   stubbed (the launch itself, ~5-20 us on a GPU, is not in it);
 - ``dispatch``: ``torch.ops.specdec.<op>`` alone, its implementation a stub.
 
-Medians of interleaved rounds, one thread. Writes ``bench/results/<date>-overhead-<machine>.md``.
+With ``--device cuda`` (on a GPU machine; ``bench/gpu_check.sh`` runs it) the same cases
+run on CUDA tensors with real launches instead: ``cuda``, the host's wall time per call of
+the public function (no value checks, as for every CUDA call), the device synchronised once
+per round, so a round is host-bound whenever the kernels are shorter than their launches.
+
+Medians of interleaved rounds, one thread. Writes ``bench/results/<date>-overhead-<machine>.md``
+(``<date>-overhead-<gpu>.md`` with ``--device cuda``).
 """
 
 from __future__ import annotations
@@ -61,14 +67,63 @@ def _argument_sets(case, args: dict, n: int) -> list[dict]:
     return [{k: copy(v) if k in case.mutated else v for k, v in args.items()} for _ in range(n)]
 
 
-def _time(fn, sets: list[dict]) -> float:
-    """Mean seconds per call of ``fn`` over ``sets`` (after ``WARMUP`` untimed calls)."""
+def _time(fn, sets: list[dict], sync=lambda: None) -> float:
+    """Mean seconds per call of ``fn`` over ``sets`` (after ``WARMUP`` untimed calls);
+    ``sync`` waits for the device before and after the timed calls."""
     for a in sets[:WARMUP]:
         fn(a)
+    sync()
     t0 = time.perf_counter()
     for a in sets[WARMUP:]:
         fn(a)
+    sync()
     return (time.perf_counter() - t0) / (len(sets) - WARMUP)
+
+
+def _to(value, device: str):
+    """A case argument on ``device`` (tensors and lists of tensors; other values as they are)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, list):
+        return [_to(v, device) for v in value]
+    return value
+
+
+def main_cuda(args) -> int:
+    """``--device cuda``: every conformance case's public call on CUDA tensors, real launches."""
+    from tests.conformance import CASES
+
+    torch.cuda.init()
+    inputs = {c.name: {k: _to(v, "cuda") for k, v in c.make().items()} for c in CASES}
+    rows = {c.name: [] for c in CASES}
+    for _ in range(args.repeats):  # interleaved: every case once per repeat
+        for c in CASES:
+            sets = _argument_sets(c, inputs[c.name], WARMUP + args.rounds)
+            rows[c.name].append(_time(c.public, sets, torch.cuda.synchronize))
+    from bench.harness import write_report
+
+    gpu = torch.cuda.get_device_name()
+    name = "".join(ch if ch.isalnum() else "-" for ch in gpu.lower()).strip("-")
+    path = args.out / f"{datetime.date.today().isoformat()}-overhead-{name}.md"
+    lines = [
+        f"# Host cost of one call per op on {gpu}",
+        "",
+        f"`python -m bench.overhead --device cuda --rounds {args.rounds} --repeats "
+        f"{args.repeats}`, one thread, torch {torch.__version__}; medians of {args.repeats} "
+        "interleaved repeats of the mean of a round (the device synchronised once per "
+        "round). `cuda`: the public function on CUDA tensors as an engine calls it (no value "
+        "checks), dispatcher, launcher and the real kernel launches: the host's cost per "
+        "call while the kernels are shorter than it. Ops that write state in place get a "
+        "fresh copy of it for every call.",
+        "",
+        "| op / case | cuda (us) | spread (us) |",
+        "|---|---:|---:|",
+    ]
+    for case, r in rows.items():
+        us = [x * 1e6 for x in r]
+        lines.append(f"| {case} | {statistics.median(us):.1f} | {min(us):.1f} – {max(us):.1f} |")
+    write_report(path, lines)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -76,9 +131,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if args.device == "cuda":
+        return main_cuda(args)
     from specdec_kernels.ops import _library
     from specdec_kernels.ops._library import OPS, lib
     from tests.conformance import CASES
