@@ -33,7 +33,11 @@ def _i32(x):
     return torch.tensor(x, dtype=I32)
 
 
-def plan(impl, nd, ml, acc, cost, req=None, *, max_num_tokens=None, device="cpu"):
+# the Triton launchers' device where no fixture reaches (hypothesis tests): CUDA when present
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def plan(impl, nd, ml, acc, cost, req=None, *, max_num_tokens=None, device=KERNEL_DEVICE):
     if impl == "public":
         return tuple(
             plan_draft_lengths(nd, ml, cost, req, acceptance=acc, max_num_tokens=max_num_tokens)
@@ -46,7 +50,7 @@ def plan(impl, nd, ml, acc, cost, req=None, *, max_num_tokens=None, device="cpu"
     return tuple(o.cpu() for o in out)
 
 
-def update(impl, acc, drafts, nd, ml, out, ne, req=None, *, decay=0.8, device="cpu"):
+def update(impl, acc, drafts, nd, ml, out, ne, req=None, *, decay=0.8, device=KERNEL_DEVICE):
     """Run one update on a copy of ``acc``; returns the new estimates."""
     acc = acc.clone()
     if impl == "public":

@@ -27,6 +27,8 @@ PARAMS = ("min_token_prob", "max_spec_factor", "max_spec_offset")
 
 
 def _index(tok, nt, D, *, min_n=1, device=None):
+    """A frequency index built from ``tok`` / ``nt``, on ``device`` (default: ``tok``'s)."""
+    device = tok.device if device is None else device
     index = ops.new_ngram_index(tok.shape[0], tok.shape[1], min_n=min_n, max_n=D,
                                 scoring="frequency", device=device)  # fmt: skip
     ops.ngram_index_build(tok.to(index.keys.device), nt.to(index.keys.device), index=index)

@@ -1310,16 +1310,23 @@ def test_rejection_sample_names_the_inclusive_exclusive_mix_up():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["sampled", "probs", "filters"])
 def test_gpu_large_vocab_tokens_agree_with_cpu_path(mode):
-    """Real vocabulary, bf16 logits: the GPU's approximate exp moves CDF boundaries by float
-    rounding only, so almost every token agrees with the CPU path; the rate is printed."""
+    """Real vocabulary, bf16 logits: the GPU's approximate exp and its summation order move
+    CDF boundaries by float rounding only, so almost every token agrees with the CPU path; the
+    rate is printed. These random rows are nearly flat (boundaries ~1e-5 of the mass apart,
+    the order of fp32 sums over 152k terms), so rounding flips a few percent of them: the
+    H200 gave 98.5% (sampled) and 95.1% (filters) on 2026-12-04; a wrong rule gives far less."""
     b = make_batch(5, mode, B=64, k=3, V=151_936, dtype=torch.bfloat16)
     cpu = run("cpu", b)
     gpu = run("triton", b, torch.device("cuda"))
     emitted = torch.arange(b.k + 1)[None, :] < torch.maximum(cpu[1], gpu[1])[:, None]
     same, total = int(((cpu[0] == gpu[0]) & emitted).sum()), int(emitted.sum())
     print(f"\nGPU/CPU token agreement ({mode}, V=151936): {same}/{total} = {same / total:.4%}")
-    assert same / total >= 0.95
-    torch.testing.assert_close(gpu[2], cpu[2], atol=1e-3, rtol=1e-4)
+    assert same / total >= 0.9
+    # a logprob belongs to its token: compared where both paths emitted the same one
+    both = (torch.arange(b.k + 1)[None, :] < torch.minimum(cpu[1], gpu[1])[:, None]) & (
+        cpu[0] == gpu[0]
+    )
+    torch.testing.assert_close(gpu[2][both], cpu[2][both], atol=1e-3, rtol=1e-4)
 
 
 @pytest.mark.gpu

@@ -14,17 +14,18 @@ from __future__ import annotations
 import torch
 
 
-def _padded(lists: list[list[int]], pad: int) -> torch.Tensor:
+def _padded(lists: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
+    """Built on the host, then copied to ``device`` (as vLLM copies its padded token lists)."""
     width = max(1, max(map(len, lists), default=0))
     out = torch.full((len(lists), width), pad, dtype=torch.int64)
     for i, ids in enumerate(lists):
         if ids:
             out[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
-    return out
+    return out.to(device)
 
 
 def _bins(tokens: torch.Tensor, V: int) -> torch.Tensor:
-    counts = torch.zeros(tokens.shape[0], V + 1, dtype=torch.int64)
+    counts = torch.zeros(tokens.shape[0], V + 1, dtype=torch.int64, device=tokens.device)
     counts.scatter_add_(1, tokens, torch.ones_like(tokens))
     return counts[:, :V]
 
@@ -58,10 +59,11 @@ def process_logits_torch(
             x[r, stops] = float("-inf")
     for r, entries in enumerate(bias):
         if entries:
-            ids = torch.tensor(list(entries), dtype=torch.int64)
-            x[r].index_put_((ids,), torch.tensor(list(entries.values())), accumulate=True)
-    seen_prompt = _bins(_padded(prompts, V), V) > 0
-    counts = _bins(_padded(outputs, V), V)
+            ids = torch.tensor(list(entries), dtype=torch.int64, device=x.device)
+            values = torch.tensor(list(entries.values()), device=x.device)
+            x[r].index_put_((ids,), values, accumulate=True)
+    seen_prompt = _bins(_padded(prompts, V, x.device), V) > 0
+    counts = _bins(_padded(outputs, V, x.device), V)
     penalties = torch.where(seen_prompt | (counts > 0), repetition[:, None], 1.0)
     x *= torch.where(x > 0, 1.0 / penalties, penalties)
     x -= frequency[:, None] * counts
