@@ -2,7 +2,8 @@
 
 A step appends ``k + 1`` tokens to every request (what a verify step commits at most),
 extends the own-history index with them and proposes (``ngram_index_extend`` +
-``ngram_propose`` on the index, optionally with a shared corpus). Baselines in the same run:
+``ngram_propose`` on the index, optionally with a shared corpus; ``one_call``: the same as
+``ngram_propose(..., extend_index=True)``). Baselines in the same run:
 ``numba`` (single-pass KMP over every history, the kind of proposer a CPU engine runs) and
 ``full_scan`` (the library's ``ngram_propose`` CPU path), both over the same histories.
 Their cost grows with the history length; the step's does not.
@@ -42,6 +43,11 @@ DOC_TOKENS = 4096  # corpus documents (finished requests) of this many tokens
 SPECS = [{"B": B, "L": L, "k": K, "corpus": c} for L in HISTORIES for c in CORPUS_TOKENS]
 # added with the numba CPU path: the small batches of a host-side proposer or a CPU engine
 SPECS += [{"B": b, "L": L, "k": K, "corpus": 0} for b in (1, 8) for L in (1024, 32768)]
+# added with ngram_propose(extend_index=True): the same step as one call
+SPECS += [
+    {"B": b, "L": L, "k": K, "corpus": 0, "one_call": True}
+    for b, L in ((1, 1024), (1, 32768), (8, 1024), (8, 32768), (256, 1024), (256, 32768))
+]
 QUICK_SPECS = [{"B": 4, "L": 256, "k": 4, "corpus": 0}, {"B": 4, "L": 256, "k": 4, "corpus": 8192}]
 BASELINES = ["numba", "full_scan"]
 MAX_ROUNDS = 100  # timed rounds per implementation and case (each op call grows L by k + 1)
@@ -124,8 +130,11 @@ def build(spec: dict) -> Case:
             pending[0] = False
 
     def op():
-        ngram_index_extend(tok, nt, index=index)
-        out = ngram_propose(tok, nt, **kw, index=index, corpus=corpus)
+        if spec.get("one_call"):  # extend and propose in one call
+            out = ngram_propose(tok, nt, **kw, index=index, corpus=corpus, extend_index=True)
+        else:
+            ngram_index_extend(tok, nt, index=index)
+            out = ngram_propose(tok, nt, **kw, index=index, corpus=corpus)
         pending[0] = True
         return out
 

@@ -23,7 +23,11 @@ def plot(out: Path, runs: list[Path]) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = ["-", "--", ":"]
     for style, run in zip(styles, runs, strict=False):
-        res = [r for r in load_results(run) if r.op == OP_NAME]
+        res = [  # the B = 256 two-call steps (the small-batch and one-call cases are not drawn)
+            r
+            for r in load_results(run)
+            if r.op == OP_NAME and r.spec["B"] == 256 and not r.spec.get("one_call")
+        ]
         tag = run.stem.split("-", 3)[-1]
         med = {(r.impl, r.spec["corpus"], r.spec["L"]): r.timing.median / 1e3 for r in res}
         Ls = sorted({r.spec["L"] for r in res})

@@ -142,17 +142,23 @@ def call(name: str, *, value_checks: Callable[[], None] | None = None, **kwargs)
             result = info.cpu_checked(**kwargs)
             if result is not None:
                 return None if result is True else result
-            value_checks()  # raises the wrapper's ValueError
-            raise RuntimeError(
-                f"specdec::{name}: its CPU kernel refused values that the wrapper's checks "
-                "accept; the two copies of the checks disagree (a bug: please report it)"
-            )
+            refused(name, value_checks)
         if value_checks is not None:
             value_checks()
         return info.cpu(**kwargs)
     if value_checks is not None:
         value_checks()
     return getattr(torch.ops.specdec, name)(**kwargs)
+
+
+def refused(name: str, value_checks: Callable[[], None]) -> None:
+    """A CPU kernel refused the values: ``value_checks`` raise the wrapper's ``ValueError``
+    (``RuntimeError`` if they pass: the kernel's and the wrapper's copies disagree)."""
+    value_checks()
+    raise RuntimeError(
+        f"specdec::{name}: its CPU kernel refused values that the wrapper's checks accept; the "
+        "two copies of the checks disagree (a bug: please report it)"
+    )
 
 
 def calls_cpu_directly(kwargs: dict) -> bool:

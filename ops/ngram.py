@@ -14,7 +14,7 @@ import torch
 
 from specdec_kernels.constants import SCORINGS, TIE_BREAKS
 from specdec_kernels.cpu import ngram as _cpu
-from specdec_kernels.ops._library import call, define
+from specdec_kernels.ops._library import call, calls_cpu_directly, define, refused
 from specdec_kernels.ops._validation import (
     check_batch_lengths,
     check_int,
@@ -33,7 +33,8 @@ from specdec_kernels.ops.frequency import (
     check_frequency_params,
     check_proposal_args,
 )
-from specdec_kernels.ops.ngram_index import NgramIndex, check_index
+from specdec_kernels.ops.ngram_index import NgramIndex, check_index, ngram_index_extend
+from specdec_kernels.ops.ngram_index import _check_values as _check_index_values
 
 
 class NgramProposal(NamedTuple):
@@ -120,6 +121,7 @@ def ngram_propose(
     min_token_prob: float | None = None,
     max_spec_factor: float | None = None,
     max_spec_offset: float | None = None,
+    extend_index: bool = False,
     validate: bool | None = None,
 ) -> NgramProposal | FrequencyProposal:
     """Propose draft tokens by matching each request's newest n-gram against its history
@@ -170,6 +172,8 @@ def ngram_propose(
     min_token_prob, max_spec_factor, max_spec_offset : float, optional
         ``"frequency"`` only: the chain's stop rules (defaults 0.1, 1.0, 0.0, as
         SuffixDecoding's); ``min_token_prob`` in ``[0, 1]``, the others ``>= 0``.
+    extend_index : bool
+        First :func:`ngram_index_extend` on the batch rows (in place), then propose.
     validate : bool, optional
         Run the value checks (see Raises). Default: only for CPU tensors; never while
         compiling or capturing a CUDA graph.
@@ -189,10 +193,10 @@ def ngram_propose(
         ``num_speculative_tokens < 0``, ``max_model_len < 1``, an unknown ``tie_break`` or
         ``scoring``; an ``index`` or ``corpus`` malformed or made for another n range; a
         ``FrequencyIndex`` with ``"longest"`` or its absence with ``"frequency"``, a
-        frequency argument with ``"longest"`` or out of its range. With value
-        checks: ``req_indices`` outside ``[-1, R)``, ``num_tokens`` of a batch row outside
-        ``[0, L_max]`` or (with an index) not equal to ``index.length``,
-        ``max_draft_tokens < 0``.
+        frequency argument with ``"longest"`` or out of its range; ``extend_index``
+        without an index. Value checks: ``req_indices`` outside ``[-1, R)``, ``num_tokens``
+        of a batch row outside ``[0, L_max]`` or (index) not ``index.length`` (with
+        ``extend_index``: ``ngram_index_extend``'s checks instead), ``max_draft_tokens < 0``.
 
     Examples
     --------
@@ -241,6 +245,20 @@ def ngram_propose(
         _check_same_n("index", check_index(index, token_ids), min_n, max_n)
     if corpus is not None:
         _check_same_n("corpus", check_corpus(corpus, device), min_n, max_n)
+    if type(extend_index) is not bool:
+        raise ValueError(f"extend_index must be a bool, got {type(extend_index).__name__}")
+    if extend_index:
+        if index is None:
+            raise ValueError("extend_index=True brings an index up to date: pass index=")
+        if isinstance(index, NgramIndex):
+            kw = dict(min_n=min_n, max_n=max_n, num_speculative_tokens=num_speculative_tokens,
+                      max_model_len=max_model_len, tie_break=tie_break)  # fmt: skip
+            fused = _extend_and_propose(
+                token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, validate, kw
+            )
+            if fused is not None:
+                return fused
+        ngram_index_extend(token_ids, num_tokens, req_indices, index=index, validate=validate)
 
     value_checks = None
     if should_check_values([token_ids, num_tokens, req_indices, max_draft_tokens], validate):
@@ -293,6 +311,41 @@ def _check_values(num_tokens, req_indices, max_draft_tokens, index, B, R, L_max)
             "index.length must equal num_tokens for the rows in the batch (call "
             "ngram_index_extend after every commit, ngram_index_build at admission)"
         )
+    _check_caps(max_draft_tokens)
+
+
+def _check_caps(max_draft_tokens) -> None:
     if max_draft_tokens is not None and max_draft_tokens.numel():
         if int(max_draft_tokens.min()) < 0:
             raise ValueError(f"max_draft_tokens must be >= 0, got {int(max_draft_tokens.min())}")
+
+
+def _extend_and_propose(token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus,
+                        validate, kw):  # fmt: skip
+    """``extend_index=True`` with an :class:`NgramIndex` on plain CPU tensors (the case
+    where :func:`call` would run the CPU functions itself): the extend and the proposal as
+    one kernel call (``cpu/ngram.py``), the value checks of both inside it. None: another
+    route (the two ops in turn)."""
+    kwargs = dict(
+        token_ids=token_ids,
+        num_tokens=num_tokens.contiguous(),
+        req_indices=None if req_indices is None else req_indices.contiguous(),
+        max_draft_tokens=None if max_draft_tokens is None else max_draft_tokens.contiguous(),
+        index=[index.table, index.length],
+        corpus=None if corpus is None else corpus_tensors(corpus),
+    )
+    if not calls_cpu_directly(kwargs):
+        return None
+    tensors = [token_ids, num_tokens, req_indices, max_draft_tokens, index.length]
+    check = should_check_values(tensors, validate)
+    out = _cpu.extend_and_propose(**kwargs, **kw, check=check)
+    if out is None:
+        R, L_max = token_ids.shape
+        B = R if req_indices is None else req_indices.shape[0]
+
+        def value_checks():
+            _check_index_values(num_tokens, req_indices, index, B, R, L_max, True)
+            _check_caps(max_draft_tokens)
+
+        refused("ngram_index_extend + ngram_propose", value_checks)
+    return NgramProposal(*out)

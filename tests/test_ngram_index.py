@@ -17,6 +17,7 @@ from specdec_kernels.cpu import ngram_index as _cpu_index
 from specdec_kernels.cpu._jit import zeroed_i32
 from specdec_kernels.ops import (
     NgramIndex,
+    corpus_append,
     new_corpus,
     new_ngram_index,
     ngram_index_build,
@@ -339,3 +340,153 @@ def test_large_tables_are_the_same_tensors_on_huge_pages(monkeypatch):
     index = new_ngram_index(2, 2**20, min_n=2, max_n=2)
     assert bool((index.table == -1).all())
     assert advised == ([index.table.nbytes] if sys.platform == "linux" else [])
+
+
+# ----------------------------------------------------------------------------- one-call step
+
+
+def _step_state(g, R, L_max, *, frequency=False, device="cpu"):
+    """Random histories, an index built from their first part, a corpus of two documents."""
+    tok = torch.randint(0, 4, (R, L_max), generator=g, dtype=torch.int32)
+    old = torch.randint(0, L_max + 1, (R,), generator=g, dtype=torch.int32)
+    scoring = {"scoring": "frequency"} if frequency else {}
+    index = new_ngram_index(R, L_max, min_n=1, max_n=3, device=device, **scoring)
+    ngram_index_build(tok.to(device), old.to(device), index=index)
+    corpus = new_corpus(64, min_n=1, max_n=3, device=device, **scoring)
+    docs = torch.randint(0, 4, (2, 12), generator=g, dtype=torch.int32)
+    corpus_append(docs.to(device), torch.tensor([12, 7], dtype=torch.int32, device=device),
+                  corpus=corpus)  # fmt: skip
+    return tok, old, index, corpus
+
+
+def _copy(index):
+    return type(index)(*(t.clone() for t in index[:-2]), index.min_n, index.max_n)
+
+
+@pytest.mark.parametrize("route", ["one kernel", "two ops", "device"])
+@pytest.mark.parametrize("frequency", [False, True])
+def test_extend_index_equals_extend_then_propose(route, frequency, kernel_device, monkeypatch):
+    # random steps (rows grow by 0-3 tokens, padding rows, permuted rows, caps, a corpus):
+    # ngram_propose(..., extend_index=True) leaves the index and returns the drafts that
+    # ngram_index_extend then ngram_propose give, on each route the wrapper can take
+    from specdec_kernels.ops import ngram as ops_ngram
+    from specdec_kernels.ops import ngram_propose
+
+    if frequency and route == "one kernel":
+        pytest.skip("a FrequencyIndex always takes the two ops")
+    # "device": the Triton kernels on CUDA (bench/gpu_check.sh); without CUDA, as "one kernel"
+    if route == "two ops":  # what every call that needs the dispatcher runs
+        monkeypatch.setattr(ops_ngram, "calls_cpu_directly", lambda kwargs: False)
+    dev = kernel_device if route == "device" else torch.device("cpu")
+    g = torch.Generator().manual_seed(7)
+    kw = dict(min_n=1, max_n=3, num_speculative_tokens=3)
+    if frequency:
+        kw.update(scoring="frequency")
+    for trial in range(6 if route == "device" else 25):
+        R, L_max = int(torch.randint(1, 5, (1,), generator=g)), 16
+        tok, nt, index, corpus = _step_state(g, R, L_max, frequency=frequency, device=dev)
+        want_index = _copy(index)
+        tok = tok.to(dev)
+        for _ in range(3):
+            nt = torch.clamp(nt + torch.randint(0, 4, (R,), generator=g, dtype=torch.int32),
+                             max=L_max)  # fmt: skip
+            req = torch.randperm(R, generator=g)[: int(torch.randint(1, R + 1, (1,), generator=g))]
+            req = torch.cat([req, torch.tensor([-1])]).to(torch.int32)
+            caps = torch.randint(0, 4, (req.shape[0],), generator=g, dtype=torch.int32)
+            args = dict(req_indices=req.to(dev), max_draft_tokens=caps.to(dev),
+                        corpus=corpus if trial % 2 else None, **kw)  # fmt: skip
+            ngram_index_extend(tok, nt.to(dev), req.to(dev), index=want_index)
+            want = ngram_propose(tok, nt.to(dev), index=want_index, **args)
+            got = ngram_propose(tok, nt.to(dev), index=index, extend_index=True, **args)
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a.cpu(), b.cpu()), (trial, a, b)
+            assert torch.equal(index.length.cpu(), want_index.length.cpu())
+            if dev.type == "cpu":  # device tables hold the same entries in other slots
+                for a, b in zip(index[:-2], want_index[:-2], strict=True):
+                    assert torch.equal(a, b)
+
+
+def _bad_step(match, **kw):
+    from specdec_kernels.ops import ngram_propose
+
+    tok, nt = history([[1, 2, 3, 1, 2, 3, 1], [4, 5, 4, 5]], width=10)
+    index = new_ngram_index(2, 10, min_n=1, max_n=3)
+    ngram_index_build(tok, torch.tensor([5, 2], dtype=torch.int32), index=index)
+    before = index.table.clone(), index.length.clone()
+    args = dict(min_n=1, max_n=3, num_speculative_tokens=2, index=index, extend_index=True)
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        ngram_propose(tok, args.pop("num_tokens", nt), **args)
+    assert torch.equal(index.table, before[0]) and torch.equal(index.length, before[1])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(num_tokens=torch.tensor([7, 1], dtype=torch.int32)), "num_tokens must be >= index"),
+        (dict(req_indices=torch.tensor([1, 1], dtype=torch.int32)), "req_indices must be unique"),
+        (dict(req_indices=torch.tensor([0, 2], dtype=torch.int32)), r"lie in \[-1, 2\)"),
+        (dict(num_tokens=torch.tensor([7, 11], dtype=torch.int32)), r"lie in \[0, 10\]"),
+        (dict(max_draft_tokens=torch.tensor([1, -1], dtype=torch.int32)), "max_draft_tokens"),
+        (dict(index=None), "extend_index=True brings an index up to date"),
+        (dict(extend_index=1), "extend_index must be a bool"),
+    ],
+)
+def test_extend_index_refusals_leave_the_index_unchanged(overrides, match):
+    _bad_step(match, **overrides)
+
+
+def test_extend_index_kernel_refuses_what_the_wrappers_refuse(monkeypatch):
+    # random steps, half with one bad value: the one-kernel call raises exactly where the two
+    # ops in turn raise, with the same error, and leaves the index unchanged; otherwise
+    # equal outputs and index
+    from specdec_kernels.ops import ngram as ops_ngram
+    from specdec_kernels.ops import ngram_propose
+
+    g = torch.Generator().manual_seed(3)
+    direct = ops_ngram.calls_cpu_directly
+    refused = 0
+    for trial in range(200):
+        R, L_max = int(torch.randint(1, 5, (1,), generator=g)), 9
+        tok, old, index, _ = _step_state(g, R, L_max)
+        nt = torch.clamp(old + torch.randint(0, 3, (R,), generator=g, dtype=torch.int32),
+                         max=L_max)  # fmt: skip
+        req = torch.randperm(R, generator=g)[: int(torch.randint(0, R + 1, (1,), generator=g))]
+        req = req.to(torch.int32) if trial % 3 else None
+        caps = (
+            None if trial % 4 else torch.ones(R if req is None else req.shape[0], dtype=torch.int32)
+        )
+        if trial % 2:  # one bad value
+            what, r = trial % 5, int(torch.randint(0, R, (1,), generator=g))
+            if what == 0 and req is not None and req.numel():
+                req[0] = [-2, R, int(req.max())][trial % 3]
+            elif what == 1 and caps is not None and caps.numel():
+                caps[0] = -1
+            elif what == 2:
+                nt[r] = old[r] - 1
+            else:
+                nt[r] = [-1, L_max + 1][trial % 2]
+        kw = dict(req_indices=req, max_draft_tokens=caps, min_n=1, max_n=3,
+                  num_speculative_tokens=2)  # fmt: skip
+        results = []
+        for route in ("one kernel", "two ops"):
+            ix = _copy(index)
+            two_ops = lambda kwargs: False  # noqa: E731
+            monkeypatch.setattr(
+                ops_ngram, "calls_cpu_directly", direct if route == "one kernel" else two_ops
+            )
+            try:
+                out = ngram_propose(tok, nt, index=ix, extend_index=True, **kw)
+            except ValueError as e:
+                assert torch.equal(ix.table, index.table) and torch.equal(ix.length, index.length)
+                results.append(str(e))
+                continue
+            results.append((tuple(out), ix))
+        if isinstance(results[0], str) or isinstance(results[1], str):
+            assert results[0] == results[1], (trial, results)
+            refused += 1
+            continue
+        (a, ia), (b, ib) = results
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), trial
+        assert torch.equal(ia.table, ib.table) and torch.equal(ia.length, ib.length), trial
+    assert 40 < refused < 160, refused

@@ -163,8 +163,8 @@ def _index_rows(token_ids, num_tokens, rows, has_rows, keys, vals, nodes, used, 
     ``check``: the wrapper's value checks first (False: refused, nothing written)."""
     R, L_max = token_ids.shape
     M = nodes.shape[2]
-    if check and not _index._values_ok(num_tokens, L_max, rows, has_rows, length, not scratch,
-                                       seen):  # fmt: skip
+    if check and not _index.index_values_ok(num_tokens, L_max, rows, has_rows, length,
+                                            not scratch, seen):  # fmt: skip
         return False
     path = np.zeros(D + 2, np.int64)  # node 0 where a corrupt trie leaves a depth unfilled
     B = rows.shape[0] if has_rows else R

@@ -25,9 +25,10 @@ from specdec_kernels.cpu._jit import (
     np_,
     opt,
     outputs,
+    zeroed_i32,
 )
 from specdec_kernels.cpu.corpus import corpus_lookup
-from specdec_kernels.cpu.ngram_index import ngram_hash, own_lookup
+from specdec_kernels.cpu.ngram_index import index_rows, index_values_ok, ngram_hash, own_lookup
 
 
 @jit
@@ -189,4 +190,50 @@ def _run(
         c = (NONE_I32, NONE_I64_2D, NONE_I64_2D, NONE_I64) if corpus is None else map(np_, corpus)
         table, length = (NONE_I32_4D, NONE_I32) if index is None else map(np_, index)
         ok = _propose(*head, table, length, index is not None, *c, corpus is not None, *tail)
+    return tuple(tensors) if ok else None
+
+
+@jit
+def _extend_propose(
+    token_ids, num_tokens, rows, has_rows, caps, has_caps, table, length, c_tokens, c_meta,
+    c_index, c_state, has_corpus, min_n, max_n, k, max_model_len, tie_last, check, seen, drafts,
+    counts, match_len, source,
+):  # fmt: skip
+    """``ngram_index_extend`` then :func:`_propose` on the index, in one call; with
+    ``check``, both wrappers' value checks first (nothing is written if one fails)."""
+    if check:
+        if not index_values_ok(num_tokens, token_ids.shape[1], rows, has_rows, length, True,
+                               seen):  # fmt: skip
+            return False
+        for b in range(caps.shape[0] if has_caps else 0):
+            if caps[b] < 0:
+                return False
+    index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, False)
+    return _propose(
+        token_ids, num_tokens, rows, has_rows, caps, has_caps, table, length, True, c_tokens,
+        c_meta, c_index, c_state, has_corpus, min_n, max_n, k, max_model_len, tie_last, False,
+        drafts, counts, match_len, source,
+    )  # fmt: skip
+
+
+def extend_and_propose(
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
+    num_speculative_tokens, max_model_len, tie_break, check,
+):  # fmt: skip
+    """``ngram_index_extend`` + ``ngram_propose`` on the index as one numba call (the
+    arguments of ``ngram_propose``'s schema, the index ``[table, length]`` written in
+    place): what ``ops.ngram_propose(..., extend_index=True)`` runs on plain CPU tensors.
+    With ``check``, None if the values are refused (nothing written)."""
+    B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
+    k = num_speculative_tokens
+    tensors, arrays = outputs(((B, k), np.int32), (B, np.int32), (B, np.int32), (B, np.int8))
+    c = (NONE_I32, NONE_I64_2D, NONE_I64_2D, NONE_I64) if corpus is None else map(np_, corpus)
+    table, length = map(np_, index)
+    ok = _extend_propose(
+        np_(token_ids), np_(num_tokens), opt(req_indices, NONE_I32), req_indices is not None,
+        opt(max_draft_tokens, NONE_I32), max_draft_tokens is not None, table, length, *c,
+        corpus is not None, min_n, max_n, k, -1 if max_model_len is None else max_model_len,
+        tie_break == "last", check, zeroed_i32(num_tokens.shape[0]) if check else NONE_I32,
+        *arrays,
+    )  # fmt: skip
     return tuple(tensors) if ok else None

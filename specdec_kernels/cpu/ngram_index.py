@@ -101,7 +101,7 @@ def own_lookup(slots, row, L, n, h):
 
 
 @jit
-def _index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scratch):
+def index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scratch):
     R, N = table.shape[0], table.shape[1]
     L_max = token_ids.shape[1]
     B = rows.shape[0] if has_rows else R
@@ -123,7 +123,7 @@ def _index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scr
 
 
 @jit
-def _values_ok(num_tokens, L_max, rows, has_rows, length, extend, seen):
+def index_values_ok(num_tokens, L_max, rows, has_rows, length, extend, seen):
     """The wrappers' value checks (``ops/ngram_index.py``) as one pass: ``req_indices`` in
     ``[-1, R)`` and unique, the batch rows' lengths in ``[0, L_max]`` and, to extend, not
     below the index's. ``seen``: R zeros, left zero."""
@@ -150,12 +150,12 @@ def _values_ok(num_tokens, L_max, rows, has_rows, length, extend, seen):
 @jit
 def _checked_index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scratch,
                         check, seen):  # fmt: skip
-    """:func:`_index_rows` after :func:`_values_ok` (``check``); False: refused, nothing
+    """:func:`index_rows` after :func:`index_values_ok` (``check``); False: refused, nothing
     written."""
-    if check and not _values_ok(num_tokens, token_ids.shape[1], rows, has_rows, length,
+    if check and not index_values_ok(num_tokens, token_ids.shape[1], rows, has_rows, length,
                                 not scratch, seen):  # fmt: skip
         return False
-    _index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scratch)
+    index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scratch)
     return True
 
 

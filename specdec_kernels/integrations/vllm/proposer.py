@@ -31,7 +31,6 @@ from specdec_kernels.ops import (
     new_corpus,
     new_ngram_index,
     ngram_index_build,
-    ngram_index_extend,
     ngram_propose,
 )
 from specdec_kernels.ops.frequency import nodes_for, slots_for
@@ -197,18 +196,17 @@ class NgramProposer:
         if rebuild.size:
             rows = torch.from_numpy(rebuild)
             ngram_index_build(token_ids, num_tokens, rows, index=index, validate=False)
-        if extend.size:
-            rows = torch.from_numpy(extend)
-            ngram_index_extend(token_ids, num_tokens, rows, index=index, validate=False)
         if self._corpus is not None and left:
             self._add_documents(left)
         batch = self._batch_views.get(B)
         if batch is None:  # views of the first B rows, made once per batch size
             batch = type(index)(*(t[:B] for t in index[:-2]), index.min_n, index.max_n)
             self._batch_views[B] = batch
+        # the rows that grew (``extend``, all among the first B) are extended in the same call
         return ngram_propose(
-            token_ids[:B], num_tokens[:B], **kw, index=batch, corpus=self._corpus, validate=False
-        )
+            token_ids[:B], num_tokens[:B], **kw, index=batch, corpus=self._corpus,
+            extend_index=bool(extend.size), validate=False,
+        )  # fmt: skip
 
     def _add_documents(self, histories: list[np.ndarray]) -> None:
         """The requests that left the batch and finished join the corpus (``corpus_documents``
