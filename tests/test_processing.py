@@ -303,6 +303,29 @@ def test_more_bad_words_and_stop_tokens_than_one_kernel_tile():
     assert not same(want, run("reference", {**a, "bad_word_ids": None}))  # the words bite
 
 
+@pytest.mark.parametrize("programs", [1, 1024])
+def test_a_vocabulary_of_several_kernel_chunks(programs, monkeypatch):
+    # the kernel splits each row's vocabulary into chunks of whole blocks (one per program;
+    # 1024 programs: 3 chunks of one 1024-id block here; 1: one chunk of 3 blocks): every
+    # feature's ids spread over the whole vocabulary
+    from specdec_kernels.kernels import processing as kernel
+
+    monkeypatch.setattr(kernel, "PROGRAMS", programs)
+    V = 2100
+    g = torch.Generator().manual_seed(5)
+    a = random_args(4, V=V)
+    B = a["cu_num_draft_tokens"].shape[0] - 1
+    spread = lambda *shape: torch.randint(0, V, shape, generator=g, dtype=I32)  # noqa: E731
+    a["token_ids"] = torch.where(a["token_ids"] < 7, a["token_ids"] * 300, a["token_ids"])
+    a["draft_token_ids"] = spread(a["draft_token_ids"].shape[0])
+    words = spread(B, 4, 3)
+    words[:, :, :2] = a["token_ids"][0, :2]  # prefixes that occur
+    a.update(bad_word_ids=words, stop_token_ids=spread(B, 3))
+    a.update(logit_bias_ids=spread(B, 3))
+    want = run("reference", a)
+    assert same(run("cpu", a), want) and same(run("triton", a), want)
+
+
 @pytest.mark.parametrize("drop", ["penalties", "bias", "masks", "bad", "min", "all"])
 def test_each_feature_alone_or_absent_matches_the_reference(drop):
     a = random_args(3)

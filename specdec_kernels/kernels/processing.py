@@ -4,15 +4,17 @@
   reads one block of a request's history and adds its tokens to the request's row of an
   int32 ``[B, V]`` count array with atomics (``+1`` per output occurrence, bit 30 for "seen
   in the prompt"; integer atomics, so the counts do not depend on their order).
-- ``_process_kernel``, grid ``(rows,)``: one program per logits row finds its request
-  (``b = #{t >= 1: cu[t] + t <= row}``) and its draft index ``j``, then streams the row in
+- ``_process_kernel``, grid ``(rows, chunks)``: each program takes one logits row and one
+  chunk of its vocabulary (whole ``BLOCK``s; as many chunks as keep ~1024 programs busy, so
+  a small batch still fills the GPU), finds the row's request
+  (``b = #{t >= 1: cu[t] + t <= row}``) and its draft index ``j``, then streams its chunk in
   vocabulary blocks: logit bias (entries in order), penalties (the counts plus the drafts
   before ``j``), the bitmasks, bad words and min_tokens' stop tokens, and writes the fp32
   result. Before the vocabulary loop it finds the bad words whose prefix ends the row's
   output, 16 words at a time and one token column at a time (any number and length of
-  words), and writes their last tokens to an int32 ``[rows, S]`` scratch it then reads
-  back in 16-id tiles (stop tokens likewise, from their input). Rows of padding requests
-  and rows past the batch are copied.
+  words), and writes their last tokens to its own int32 ``[S]`` slice of a ``[rows, chunks,
+  S]`` scratch it then reads back in 16-id tiles (stop tokens likewise, from their input).
+  Rows of padding requests and rows past the batch are copied.
 
 Launched with ``enable_fp_fusion=False`` (``l - f * c`` must round twice, as on the CPU) and
 ``div_rn`` for the repetition penalty (the GPU's default division is approximate), so the
@@ -29,6 +31,7 @@ from specdec_kernels.kernels import _utils
 from specdec_kernels.kernels._utils import next_pow2
 
 PROMPT_BIT = tl.constexpr(1 << 30)  # "seen in the prompt"; the bits below count the output
+PROGRAMS = 1024  # programs of _process_kernel to aim for (an H200 has 132 SMs)
 
 
 @triton.jit
@@ -74,19 +77,21 @@ def _in(offs, ids):
     return tl.max((offs[:, None] == ids[None, :]).to(tl.int32), axis=1) > 0
 
 
-@triton.jit(do_not_specialize=["B", "M", "S", "LW", "T"])
+@triton.jit(do_not_specialize=["B", "M", "S", "LW", "T", "CHUNK"])
 def _process_kernel(
     logits_ptr, l_stride0, l_stride1, out_ptr, V, cu_ptr, B, drafts_ptr, n_drafts,
     token_ids_ptr, tok_stride0, tok_stride1, L_max, R, num_tokens_ptr, prompt_ptr,
     req_indices_ptr, rp_ptr, fp_ptr, pp_ptr, counts_ptr, bias_ids_ptr, bias_values_ptr, M,
     allowed_ptr, grammar_ptr, G, W, bad_ptr, S, LW, bans_ptr, min_tokens_ptr, stops_ptr, T,
-    HAS_REQ_INDICES: tl.constexpr, HAS_PENALTIES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    CHUNK, HAS_REQ_INDICES: tl.constexpr, HAS_PENALTIES: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_ALLOWED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_BAD: tl.constexpr,
     HAS_MIN: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     g = tl.program_id(0)
     n_rows = tl.num_programs(0)
+    chunk = tl.program_id(1)
+    ban_row = (g.to(tl.int64) * tl.num_programs(1) + chunk) * S  # this program's scratch
     tb = tl.arange(0, BLOCK_B) + 1
     starts = tl.load(cu_ptr + tb, mask=tb <= B, other=n_rows) + tb
     b = tl.sum((starts <= g).to(tl.int32), axis=0)  # the request of row g (B: past the batch)
@@ -134,12 +139,12 @@ def _process_kernel(
                 )  # fmt: skip
                 mismatch |= in_prefix & (past != w)
             hit = live_s & (n_w > 0) & (n_w - 1 <= n_out + j) & (~mismatch) & (last < V)
-            tl.store(bans_ptr + g.to(tl.int64) * S + s, tl.where(hit, last, -1), mask=s < S)
+            tl.store(bans_ptr + ban_row + s, tl.where(hit, last, -1), mask=s < S)
         tl.debug_barrier()  # the stores above are read by every thread of the program below
     if HAS_MIN:
         on = active & (n_out + j < tl.load(min_tokens_ptr + bb))
 
-    for v0 in range(0, V, BLOCK):
+    for v0 in range(chunk * CHUNK, tl.minimum(chunk * CHUNK + CHUNK, V), BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
         vm = offs < V
         x = tl.load(
@@ -178,7 +183,7 @@ def _process_kernel(
         if HAS_BAD:
             for s0 in range(0, S, BLOCK_S):
                 s = s0 + tl.arange(0, BLOCK_S)
-                ids = tl.load(bans_ptr + g.to(tl.int64) * S + s, mask=s < S, other=-1)
+                ids = tl.load(bans_ptr + ban_row + s, mask=s < S, other=-1)
                 banned |= _in(offs, ids)
         if HAS_MIN:
             for t0 in range(0, T, BLOCK_T):
@@ -239,21 +244,27 @@ def process_logits(
         )  # fmt: skip
     M = 0 if logit_bias_ids is None else logit_bias_ids.shape[1]
     S, LW = (0, 0) if bad_word_ids is None else bad_word_ids.shape[1:]
-    bans = _utils._empty((n_rows, S), torch.int32, device) if S * LW > 0 else None  # scratch
+    block = min(1024, next_pow2(V))
+    n_blocks = triton.cdiv(V, block)
+    chunk = triton.cdiv(n_blocks, min(n_blocks, max(1, PROGRAMS // n_rows))) * block
+    n_chunks = triton.cdiv(V, chunk)
+    bans = None  # scratch: each program's banned last tokens of the bad words
+    if S * LW > 0:
+        bans = _utils._empty((n_rows, n_chunks, S), torch.int32, device)
     T = 0 if stop_token_ids is None else stop_token_ids.shape[1]
-    _process_kernel[(n_rows,)](
+    _process_kernel[(n_rows, n_chunks)](
         target_logits, target_logits.stride(0), target_logits.stride(1), out, V,
         cu_num_draft_tokens, B, draft_token_ids, draft_token_ids.shape[0], token_ids,
         token_ids.stride(0), token_ids.stride(1), L_max, R, num_tokens, num_prompt_tokens,
         req_indices, repetition_penalty, frequency_penalty, presence_penalty, counts,
         logit_bias_ids, logit_bias_values, M, allowed_token_mask, grammar_mask,
         0 if grammar_mask is None else grammar_mask.shape[0], (V + 31) // 32,
-        bad_word_ids, S, LW, bans, min_tokens, stop_token_ids, T,
+        bad_word_ids, S, LW, bans, min_tokens, stop_token_ids, T, chunk,
         HAS_REQ_INDICES=req_indices is not None, HAS_PENALTIES=counts is not None,
         HAS_BIAS=M > 0, HAS_ALLOWED=allowed_token_mask is not None,
         HAS_GRAMMAR=grammar_mask is not None, HAS_BAD=S * LW > 0,
         HAS_MIN=min_tokens is not None and T > 0, BLOCK_B=next_pow2(B),
         BLOCK_S=min(16, next_pow2(S)), BLOCK_T=min(16, next_pow2(T)),
-        BLOCK=min(1024, next_pow2(V)), enable_fp_fusion=False,
+        BLOCK=block, enable_fp_fusion=False,
     )  # fmt: skip
     return out
