@@ -7,6 +7,7 @@ draft probabilities get classic speculative sampling. Contract: ``docs/design.md
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -112,6 +113,7 @@ define(
     "-> (Tensor, Tensor, Tensor)",
     cpu=_cpu.rejection_sample,
     cuda="specdec_kernels.kernels.rejection:rejection_sample",
+    cpu_checked=_cpu.rejection_sample_checked,
     fake=_fake,
 )
 
@@ -291,31 +293,9 @@ def rejection_sample(
         )
 
     params = [temperature, top_k, top_p, min_p]
+    value_checks = None
     if should_check_values([target_logits, draft_token_ids, cu, *params], validate):
-        N = check_prefix_sum(
-            "cu_num_draft_tokens",
-            cu,
-            k,
-            f"the draft counts: cu non-decreasing, each <= num_speculative_tokens = {k}",
-            _INCLUSIVE_HINT,
-        )
-        if N > n_flat:
-            raise ValueError(
-                f"cu_num_draft_tokens[B] must be <= len(draft_token_ids) = {n_flat}, got {N}"
-            )
-        if draft_probs is not None and N > draft_probs.shape[0]:
-            raise ValueError(
-                f"draft_probs must have at least N = cu_num_draft_tokens[B] = {N} "
-                f"rows (one per draft), got {draft_probs.shape[0]}"
-            )
-        if temperature is not None:
-            check_value_range("temperature", temperature, 0, FLOAT32_MAX, "finite; 0 = greedy")
-        if top_k is not None:
-            check_value_range("top_k", top_k, 0, INT64_MAX, "0 or >= V = off")
-        if top_p is not None:
-            check_value_range("top_p", top_p, 0, 1, "1 = off", lo_open=True)
-        if min_p is not None:
-            check_value_range("min_p", min_p, 0, 1, "0 = off")
+        value_checks = functools.partial(_check_values, cu, k, n_flat, draft_probs, *params)
 
     if temperature is not None and seeds is None:  # fresh randomness for this call
         seeds = torch.randint(0, SEED_HIGH, (B,), dtype=torch.int64, device=device)
@@ -335,5 +315,35 @@ def rejection_sample(
         offsets=offsets,
         num_speculative_tokens=k,
         return_logprobs=bool(return_logprobs),
+        value_checks=value_checks,
     )
     return RejectionOutput(out, num_emitted, logprobs if return_logprobs else None)
+
+
+def _check_values(cu, k, n_flat, draft_probs, temperature, top_k, top_p, min_p) -> None:
+    """The value checks of :func:`rejection_sample` (see Raises there); the CPU kernel runs
+    the same checks itself (``cpu/rejection.py``'s ``values_ok``)."""
+    N = check_prefix_sum(
+        "cu_num_draft_tokens",
+        cu,
+        k,
+        f"the draft counts: cu non-decreasing, each <= num_speculative_tokens = {k}",
+        _INCLUSIVE_HINT,
+    )
+    if N > n_flat:
+        raise ValueError(
+            f"cu_num_draft_tokens[B] must be <= len(draft_token_ids) = {n_flat}, got {N}"
+        )
+    if draft_probs is not None and N > draft_probs.shape[0]:
+        raise ValueError(
+            f"draft_probs must have at least N = cu_num_draft_tokens[B] = {N} "
+            f"rows (one per draft), got {draft_probs.shape[0]}"
+        )
+    if temperature is not None:
+        check_value_range("temperature", temperature, 0, FLOAT32_MAX, "finite; 0 = greedy")
+    if top_k is not None:
+        check_value_range("top_k", top_k, 0, INT64_MAX, "0 or >= V = off")
+    if top_p is not None:
+        check_value_range("top_p", top_p, 0, 1, "1 = off", lo_open=True)
+    if min_p is not None:
+        check_value_range("min_p", min_p, 0, 1, "0 = off")

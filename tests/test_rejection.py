@@ -884,6 +884,68 @@ def test_cu_past_the_draft_buffer_raises():
         rejection_sample(*args.values(), **kw)
 
 
+def test_the_kernels_value_checks_agree_with_the_wrappers():
+    # random batches, half with one bad value: the CPU kernel refuses exactly what the
+    # wrapper's checks refuse (writing nothing) and computes the op's result for the others
+    from specdec_kernels.ops.rejection import _check_values
+
+    g = torch.Generator().manual_seed(4)
+    refused = 0
+    for trial in range(300):
+        mode = ("greedy", "sampled", "probs", "filters")[trial % 4]
+        b = make_batch(trial, mode, B=int(torch.randint(0, 4, (1,), generator=g)), k=2, V=9)
+        B, k = b.cu.shape[0] - 1, b.k
+        params = {n: getattr(b, n) for n in ("temperature", "top_k", "top_p", "min_p")}
+        cu, drafts, probs = b.cu.clone(), b.drafts, b.draft_probs
+        if trial % 2:  # one bad value
+            what = int(torch.randint(0, 6, (1,), generator=g))
+            i = int(torch.randint(0, B + 1, (1,), generator=g))
+            if what == 0:
+                cu[i] += 1 if trial % 4 == 1 else -1
+            elif what == 1:
+                drafts = drafts[: max(drafts.shape[0] - 1, 0)]
+            elif what == 2 and probs is not None:
+                probs = probs[: max(probs.shape[0] - 1, 0)]
+            elif what == 3 and params["temperature"] is not None and B:
+                params["temperature"][i % B] = [-0.5, float("nan"), float("inf")][trial % 3]
+            elif what == 4 and params["top_p"] is not None and B:
+                params["top_p"][i % B] = [0.0, 1.5][trial % 2]
+            elif what == 5 and params["top_k"] is not None and B:
+                params["top_k"][i % B] = -1
+        seeds, offsets = b.seeds, b.offsets
+        if params["temperature"] is not None and seeds is None:
+            seeds, offsets = torch.zeros(B, dtype=torch.int64), torch.zeros(B, dtype=torch.int64)
+        top_k = params["top_k"]
+        args = (b.logits, drafts, cu, probs, params["temperature"],
+                None if top_k is None else top_k.to(torch.int32), params["top_p"],
+                params["min_p"], seeds, offsets)  # fmt: skip
+        kw = dict(num_speculative_tokens=k, return_logprobs=True)
+        got = cpu_rej.rejection_sample_checked(*args, **kw)
+        try:
+            _check_values(cu, k, drafts.shape[0], probs, params["temperature"], top_k,
+                          params["top_p"], params["min_p"])  # fmt: skip
+        except ValueError:
+            assert got is None, trial
+            refused += 1
+            continue
+        assert got is not None, trial
+        want = cpu_rej.rejection_sample(*args, **kw)
+        assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True)), trial
+    assert 50 < refused < 160, refused
+
+
+def test_checks_that_disagree_are_a_runtime_error(monkeypatch):
+    from specdec_kernels.ops import _library
+
+    info = _library.OPS["rejection_sample"]
+    monkeypatch.setitem(
+        _library.OPS, "rejection_sample", info._replace(cpu_checked=lambda **kw: None)
+    )
+    args, kw = _good()
+    with pytest.raises(RuntimeError, match="the two copies of the checks disagree"):
+        rejection_sample(*args.values(), **kw)
+
+
 def test_value_checks_can_be_turned_off():
     args, kw = _good(top_p=torch.tensor([0.5, 1.5, 1.0]))
     out = rejection_sample(*args.values(), validate=False, **kw)

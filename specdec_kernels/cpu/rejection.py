@@ -45,6 +45,9 @@ from specdec_kernels.cpu.sampling import (
     threshold,
 )
 
+FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
+INT32_MAX = np.int32(2**31 - 1)
+
 
 def require_seeds_and_offsets(temperature, seeds, offsets) -> None:
     """The op's one structural check (shared by the CPU path, the Triton launcher and the
@@ -92,16 +95,51 @@ def _sample(w, V, blocks, S, u, f32, u16, bf16, g, buf):
 
 
 @jit
+def _in_range(x, has, lo, hi, lo_open):
+    """Whether every entry of ``x`` (if ``has``) lies in ``[lo, hi]`` (``(lo, hi]``); NaN never."""
+    for i in range(x.shape[0] if has else 0):
+        v = x[i]
+        if not ((v > lo if lo_open else v >= lo) and v <= hi):
+            return False
+    return True
+
+
+@jit
+def values_ok(cu, k, n_drafts, q_rows, has_probs, temp, has_temp, top_k, has_top_k, top_p,
+              has_top_p, min_p, has_min_p):  # fmt: skip
+    """The wrapper's value checks (``ops/rejection.py``'s ``_check_values``) as one pass:
+    ``cu[0] == 0``, every count in ``[0, k]``, ``cu[B] <= len(draft_token_ids)`` and (with
+    draft probabilities) ``<=`` their rows, the parameters in their ranges."""
+    if cu[0] != 0:
+        return False
+    for b in range(cu.shape[0] - 1):
+        if not 0 <= cu[b + 1] - cu[b] <= k:
+            return False
+    N = cu[cu.shape[0] - 1]
+    if N > n_drafts or (has_probs and N > q_rows):
+        return False
+    return (
+        _in_range(temp, has_temp, np.float32(0.0), FLOAT32_MAX, False)
+        and _in_range(top_k, has_top_k, 0, INT32_MAX, False)
+        and _in_range(top_p, has_top_p, np.float32(0.0), np.float32(1.0), True)
+        and _in_range(min_p, has_min_p, np.float32(0.0), np.float32(1.0), False)
+    )
+
+
+@jit
 def _reject(
     l32, l16, l_bf16, drafts, cu, q32, q16, q_bf16, has_probs, temp, has_temp, top_k,
-    has_top_k, top_p, has_top_p, min_p, has_min_p, seeds, offsets, lp_on, out, num_emitted,
-    logprobs, w, blocks, refs, buf,
+    has_top_k, top_p, has_top_p, min_p, has_min_p, seeds, offsets, lp_on, check, out,
+    num_emitted, logprobs, w, blocks, refs, buf,
 ):  # fmt: skip
     B, K1 = out.shape
     V = max(l32.shape[1], l16.shape[1])
     rows = max(l32.shape[0], l16.shape[0])
     n_drafts = drafts.shape[0]
     q_rows = max(q32.shape[0], q16.shape[0])  # a draft without its q row is rejected
+    if check and not values_ok(cu, K1 - 1, n_drafts, q_rows, has_probs, temp, has_temp, top_k,
+                               has_top_k, top_p, has_top_p, min_p, has_min_p):  # fmt: skip
+        return False
     for b in range(B):
         out[b, :] = -1
         if lp_on:
@@ -164,6 +202,7 @@ def _reject(
             if not acc:
                 break
         num_emitted[b] = emitted
+    return True
 
 
 def rejection_sample(
@@ -171,6 +210,30 @@ def rejection_sample(
     min_p, seeds, offsets, *, num_speculative_tokens, return_logprobs,
 ):  # fmt: skip
     """The CPU implementation of ``specdec::rejection_sample`` (registered directly)."""
+    return _run(
+        target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k,
+        top_p, min_p, seeds, offsets, num_speculative_tokens, return_logprobs, False,
+    )  # fmt: skip
+
+
+def rejection_sample_checked(
+    target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
+    min_p, seeds, offsets, *, num_speculative_tokens, return_logprobs,
+):  # fmt: skip
+    """:func:`rejection_sample` after the wrapper's value checks, run in the kernel before
+    it writes anything; None if one fails (``ops/_library.py``'s ``call`` then raises the
+    wrapper's ``ValueError``). Saves the checks' own numba calls: ~6 us of a B = 1 call, and
+    far more when the caches are cold (each distinct call path then costs ~10 us)."""
+    return _run(
+        target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k,
+        top_p, min_p, seeds, offsets, num_speculative_tokens, return_logprobs, True,
+    )  # fmt: skip
+
+
+def _run(
+    target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
+    min_p, seeds, offsets, num_speculative_tokens, return_logprobs, check,
+):  # fmt: skip
     require_seeds_and_offsets(temperature, seeds, offsets)
     K1 = num_speculative_tokens + 1
     B = cu_num_draft_tokens.shape[0] - 1
@@ -179,22 +242,23 @@ def rejection_sample(
     (out, num_emitted, logprobs), (out_a, emitted_a, lp_a) = outputs(
         ((B, K1), np.int32), (B, np.int32), (lp_shape, np.float32)
     )
-    if B == 0:
-        return out, num_emitted, logprobs
     cu = np_(cu_num_draft_tokens)
+    if B == 0:  # (cu = [c]: only cu[0] == 0 to check)
+        return (out, num_emitted, logprobs) if not check or cu[0] == 0 else None
     N = int(cu[-1])  # the live rows are the first N + B (numpy views: no torch op per slice)
     l32, l16 = float_rows(target_logits, N + B)
     q32, q16 = float_rows(draft_probs, N)
     nb = (V + BLOCK - 1) // BLOCK
     work = scratch(V + BLOCK)
-    _reject(
+    ok = _reject(
         l32, l16, target_logits.dtype == torch.bfloat16,
         np_(draft_token_ids) if draft_token_ids.numel() else NONE_I32, cu,
         q32, q16, draft_probs is not None and draft_probs.dtype == torch.bfloat16,
         draft_probs is not None, opt(temperature, NONE_F32), temperature is not None,
         opt(top_k, NONE_I32), top_k is not None, opt(top_p, NONE_F32), top_p is not None,
         opt(min_p, NONE_F32), min_p is not None, opt(seeds, NONE_I64), opt(offsets, NONE_I64),
-        return_logprobs, out_a, emitted_a, lp_a if return_logprobs else NONE_F32_2D, work[:V],
-        np.empty(nb, dtype=np.float64), np.empty(nb, dtype=np.float32), work[V : V + BLOCK],
+        return_logprobs, check, out_a, emitted_a, lp_a if return_logprobs else NONE_F32_2D,
+        work[:V], np.empty(nb, dtype=np.float64), np.empty(nb, dtype=np.float32),
+        work[V : V + BLOCK],
     )  # fmt: skip
-    return out, num_emitted, logprobs
+    return (out, num_emitted, logprobs) if ok else None
