@@ -158,3 +158,29 @@ def test_gpu_check_script_parses_and_module_refuses_without_cuda():
         import bench.gpu as gpu
 
         assert gpu.main(["--quick"]) == 2  # no CUDA: nothing timed, nothing written
+
+
+def test_cpu_goals_takes_the_median_over_runs_and_the_right_goal():
+    from bench import cpu_goals
+
+    def run(op_us, numba_us, softmax_us):
+        return [
+            {"op": "ngram_propose", "spec": {"B": 1, "L": 1024, "k": 4}, "impl": "op",
+             "median": op_us},
+            {"op": "ngram_propose", "spec": {"B": 1, "L": 1024, "k": 4}, "impl": "numba",
+             "median": numba_us},
+            {"op": "rejection_sample", "spec": {"B": 8, "V": 32000, "mode": "probs"},
+             "impl": "op", "median": 150.0},
+            {"op": "rejection_sample", "spec": {"B": 8, "V": 32000, "mode": "probs"},
+             "impl": "softmax", "median": softmax_us},
+            {"op": "rejection_sample", "spec": {"B": 8, "V": 32000, "mode": "greedy"},
+             "impl": "op", "median": 1.0},
+        ]  # fmt: skip
+
+    # numba/op 0.4, 0.6, 0.55 -> median 0.55 (B = 1: >= 0.5); softmax/op 0.6 -> missed 2/3
+    rows = cpu_goals.cells([run(25.0, 10.0, 90.0), run(20.0, 12.0, 90.0), run(20.0, 11.0, 90.0)])
+    by_op = {r["op"]: r for r in rows}
+    assert set(by_op) == {"ngram_propose", "rejection_sample"}  # greedy rows left out
+    assert by_op["ngram_propose"]["median"] == pytest.approx(0.55) and by_op["ngram_propose"]["ok"]
+    assert by_op["rejection_sample"]["goal"] == "within 1.5x of softmax"
+    assert not by_op["rejection_sample"]["ok"]
