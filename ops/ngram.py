@@ -258,7 +258,11 @@ def ngram_propose(
             )
             if fused is not None:
                 return fused
-        ngram_index_extend(token_ids, num_tokens, req_indices, index=index, validate=validate)
+        tensors = [token_ids, num_tokens, req_indices, max_draft_tokens, index.length]
+        if should_check_values(tensors, validate):  # all of them before the extend writes
+            _check_index_values(num_tokens, req_indices, index, B, R, L_max, True)
+            _check_caps(max_draft_tokens)
+        ngram_index_extend(token_ids, num_tokens, req_indices, index=index, validate=False)
 
     value_checks = None
     if should_check_values([token_ids, num_tokens, req_indices, max_draft_tokens], validate):

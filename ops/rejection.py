@@ -308,7 +308,8 @@ def rejection_sample(
         cu_num_draft_tokens=cu.contiguous(),
         draft_probs=draft_probs,
         temperature=temperature,
-        top_k=None if top_k is None else top_k.clamp(max=2**31 - 1).to(torch.int32),
+        # int32 for the kernels; negatives stay negative, so the CPU kernel's checks refuse them
+        top_k=None if top_k is None else top_k.clamp(min=-1, max=2**31 - 1).to(torch.int32),
         top_p=top_p,
         min_p=min_p,
         seeds=seeds,

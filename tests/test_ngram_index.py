@@ -406,18 +406,20 @@ def test_extend_index_equals_extend_then_propose(route, frequency, kernel_device
                     assert torch.equal(a, b)
 
 
-def _bad_step(match, **kw):
+def _bad_step(match, frequency=False, **kw):
     from specdec_kernels.ops import ngram_propose
 
     tok, nt = history([[1, 2, 3, 1, 2, 3, 1], [4, 5, 4, 5]], width=10)
-    index = new_ngram_index(2, 10, min_n=1, max_n=3)
+    scoring = {"scoring": "frequency"} if frequency else {}
+    index = new_ngram_index(2, 10, min_n=1, max_n=3, **scoring)
     ngram_index_build(tok, torch.tensor([5, 2], dtype=torch.int32), index=index)
-    before = index.table.clone(), index.length.clone()
-    args = dict(min_n=1, max_n=3, num_speculative_tokens=2, index=index, extend_index=True)
+    before = [t.clone() for t in index[:-2]]
+    args = dict(min_n=1, max_n=3, num_speculative_tokens=2, index=index, extend_index=True,
+                **scoring)  # fmt: skip
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         ngram_propose(tok, args.pop("num_tokens", nt), **args)
-    assert torch.equal(index.table, before[0]) and torch.equal(index.length, before[1])
+    assert all(torch.equal(a, b) for a, b in zip(index[:-2], before, strict=True))
 
 
 @pytest.mark.parametrize(
@@ -432,8 +434,17 @@ def _bad_step(match, **kw):
         (dict(extend_index=1), "extend_index must be a bool"),
     ],
 )
-def test_extend_index_refusals_leave_the_index_unchanged(overrides, match):
-    _bad_step(match, **overrides)
+@pytest.mark.parametrize("route", ["one kernel", "two ops", "frequency"])
+def test_extend_index_refusals_leave_the_index_unchanged(route, overrides, match, monkeypatch):
+    # every route checks every value before the extend writes (found by review: the two-op
+    # route raised for a negative cap after it had extended the index)
+    from specdec_kernels.ops import ngram as ops_ngram
+
+    if route == "two ops":
+        monkeypatch.setattr(ops_ngram, "calls_cpu_directly", lambda kwargs: False)
+    if route == "frequency" and "index" in overrides:
+        match = 'scoring="frequency" needs index='  # refused for that first
+    _bad_step(match, frequency=route == "frequency", **overrides)
 
 
 def test_extend_index_kernel_refuses_what_the_wrappers_refuse(monkeypatch):
@@ -453,9 +464,8 @@ def test_extend_index_kernel_refuses_what_the_wrappers_refuse(monkeypatch):
                          max=L_max)  # fmt: skip
         req = torch.randperm(R, generator=g)[: int(torch.randint(0, R + 1, (1,), generator=g))]
         req = req.to(torch.int32) if trial % 3 else None
-        caps = (
-            None if trial % 4 else torch.ones(R if req is None else req.shape[0], dtype=torch.int32)
-        )
+        B = R if req is None else req.shape[0]
+        caps = None if trial % 3 == 2 else torch.ones(B, dtype=torch.int32)  # bad trials too
         if trial % 2:  # one bad value
             what, r = trial % 5, int(torch.randint(0, R, (1,), generator=g))
             if what == 0 and req is not None and req.numel():
@@ -490,3 +500,25 @@ def test_extend_index_kernel_refuses_what_the_wrappers_refuse(monkeypatch):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), trial
         assert torch.equal(ia.table, ib.table) and torch.equal(ia.length, ib.length), trial
     assert 40 < refused < 160, refused
+
+
+def test_extend_index_compiles_to_the_two_ops():
+    # under torch.compile the wrapper takes the dispatcher route: the extend (in place) then
+    # the proposal, traced as one graph; drafts and index equal the eager one-kernel call's
+    from specdec_kernels.ops import ngram_propose
+
+    g = torch.Generator().manual_seed(11)
+    tok, old, eager_index, _ = _step_state(g, 3, 16)
+    compiled_index = _copy(eager_index)
+    nt = torch.clamp(old + 3, max=16)
+    kw = dict(min_n=1, max_n=3, num_speculative_tokens=3, extend_index=True)
+    want = ngram_propose(tok, nt, index=eager_index, **kw)
+    step = torch.compile(
+        lambda t, n, index: tuple(ngram_propose(t, n, index=index, **kw)),
+        backend="aot_eager",
+        fullgraph=True,
+    )
+    got = step(tok, nt, compiled_index)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert torch.equal(compiled_index.table, eager_index.table)
+    assert torch.equal(compiled_index.length, eager_index.length)

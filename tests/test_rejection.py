@@ -857,6 +857,10 @@ BAD = [
         r"temperature must lie in .* got a NaN",
     ),
     ("top_k", torch.tensor([1, -1, 0], dtype=torch.int32), r"top_k must lie in \[0, "),
+    # int64 negatives that a cast to int32 would wrap to 0, 5 or 2**31 - 1 (found by review)
+    ("top_k", torch.tensor([1, -(2**32), 0]), r"top_k must lie in \[0, "),
+    ("top_k", torch.tensor([1, -(2**32) + 5, 0]), r"top_k must lie in \[0, "),
+    ("top_k", torch.tensor([1, -(2**31) - 1, 0]), r"top_k must lie in \[0, "),
     ("top_k", torch.ones(3), "top_k must have dtype"),
     ("top_p", torch.tensor([0.5, 0.0, 1.0]), r"top_p must lie in \(0, 1\]"),
     ("top_p", torch.tensor([0.5, 1.5, 1.0]), r"top_p must lie in \(0, 1\]"),

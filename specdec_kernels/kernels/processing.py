@@ -31,7 +31,7 @@ from specdec_kernels.kernels import _utils
 from specdec_kernels.kernels._utils import next_pow2
 
 PROMPT_BIT = tl.constexpr(1 << 30)  # "seen in the prompt"; the bits below count the output
-# programs of _process_kernel to aim for: 2-21x less device time than one program a row at
+# programs of _process_kernel to aim for: 3.2-21x less device time than one program a row at
 # B <= 8 on an H200, the best of the settings tried (bench/results/*-processing-chunks-*.md)
 PROGRAMS = 1024
 
