@@ -153,7 +153,7 @@ def _checked_index_rows(token_ids, num_tokens, rows, has_rows, table, length, mi
     """:func:`index_rows` after :func:`index_values_ok` (``check``); False: refused, nothing
     written."""
     if check and not index_values_ok(num_tokens, token_ids.shape[1], rows, has_rows, length,
-                                not scratch, seen):  # fmt: skip
+                                     not scratch, seen):  # fmt: skip
         return False
     index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scratch)
     return True
