@@ -1,7 +1,10 @@
 """The CUDA top-N logprobs of a verify step: ``top_logprobs`` in device-side torch ops.
 
-A top-N over the vocabulary is a selection, which ``torch.topk`` does well on every device;
-a Triton kernel would add nothing but code. No host synchronisation, static shapes: every
+A top-N over the vocabulary is a selection, which ``torch.topk`` does on every device. It is
+not fast: on an H200 a call takes 0.9-4 ms, 0.21-0.35x vLLM's fp32 ``log_softmax`` +
+``topk`` rule (~25 small ops of host cost at small B, an int64 ``topk`` over every logit at
+large B; bench/results/2026-12-04-nvidia-h200-processing-logprobs-frequency.md): a Triton
+kernel is the open fix. No host synchronisation, static shapes: every
 slot's row is gathered (a slot past ``num_emitted`` reads row 0 and is overwritten), and
 ties go to the lower id through one int64 key per logit, the logit's order-preserving
 32-bit pattern above the complement of its id, so one ``topk`` gives the contract's order.
