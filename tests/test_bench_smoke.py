@@ -184,3 +184,20 @@ def test_cpu_goals_takes_the_median_over_runs_and_the_right_goal():
     assert by_op["ngram_propose"]["median"] == pytest.approx(0.55) and by_op["ngram_propose"]["ok"]
     assert by_op["rejection_sample"]["goal"] == "within 1.5x of softmax"
     assert not by_op["rejection_sample"]["ok"]
+
+
+def test_overhead_cuda_mode_runs_every_case_on_cpu_with_stubbed_cuda(monkeypatch, tmp_path):
+    # bench.overhead --device cuda (run by gpu_check.sh): its loop and report, here on CPU
+    # tensors with the CUDA calls stubbed (no GPU number is produced)
+    from bench import overhead
+
+    to = overhead._to
+    monkeypatch.setattr(overhead, "_to", lambda value, device: to(value, "cpu"))
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Stub GPU")
+    assert overhead.main(["--device", "cuda", "--rounds", "2", "--repeats", "1",
+                          "--out", str(tmp_path)]) == 0  # fmt: skip
+    (report,) = tmp_path.glob("*-overhead-stub-gpu.md")
+    text = report.read_text()
+    assert "| rejection_sample-greedy |" in text and "| ngram_propose-scan |" in text
