@@ -75,6 +75,11 @@ def time_graph(fn, *, rep_ms: int = 100):
         return None
 
 
+def file_name(gpu: str) -> str:
+    """The GPU's name as results files spell it (``NVIDIA H200`` -> ``nvidia-h200``)."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+
+
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """Device copy bandwidth in GB/s (read + write), ``dst.copy_(src)`` of 1 GiB."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").fill_(1.0)
@@ -234,7 +239,7 @@ def main(argv=None) -> int:
     rows = Rows()
     fams = args.only.split(",")
     graphs = not args.no_graphs
-    name = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    name = file_name(gpu)
     args.out.mkdir(parents=True, exist_ok=True)
     date = datetime.date.today().isoformat()
     path = args.out / f"{date}-{name}{'-quick' if args.quick else ''}.md"

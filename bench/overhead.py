@@ -100,11 +100,11 @@ def main_cuda(args) -> int:
         for c in CASES:
             sets = _argument_sets(c, inputs[c.name], WARMUP + args.rounds)
             rows[c.name].append(_time(c.public, sets, torch.cuda.synchronize))
+    from bench.gpu import file_name
     from bench.harness import write_report
 
     gpu = torch.cuda.get_device_name()
-    name = "".join(ch if ch.isalnum() else "-" for ch in gpu.lower()).strip("-")
-    path = args.out / f"{datetime.date.today().isoformat()}-overhead-{name}.md"
+    path = args.out / f"{datetime.date.today().isoformat()}-overhead-{file_name(gpu)}.md"
     lines = [
         f"# Host cost of one call per op on {gpu}",
         "",
