@@ -9,6 +9,8 @@ logits emits what a ``k = 0`` loop with the same processing emits. The result go
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from specdec_kernels.cpu import processing as _cpu
@@ -55,6 +57,29 @@ define(
     cuda="specdec_kernels.kernels.processing:process_logits",
     fake=_fake,
 )
+
+
+class LogitsProcessing(NamedTuple):
+    """What :func:`process_logits` applies beyond the logits and drafts, as one value for
+    ``rejection_sample(..., processing=LogitsProcessing(...))``, which verifies
+    ``process_logits(target_logits, draft_token_ids, cu_num_draft_tokens, **processing)``
+    (on plain CPU tensors in one pass that processes only the rows verification reads).
+    Fields, meanings and checks: :func:`process_logits`' arguments of the same names."""
+
+    token_ids: torch.Tensor
+    num_tokens: torch.Tensor
+    num_prompt_tokens: torch.Tensor
+    req_indices: torch.Tensor | None = None
+    repetition_penalty: torch.Tensor | None = None
+    frequency_penalty: torch.Tensor | None = None
+    presence_penalty: torch.Tensor | None = None
+    logit_bias_ids: torch.Tensor | None = None
+    logit_bias_values: torch.Tensor | None = None
+    allowed_token_mask: torch.Tensor | None = None
+    grammar_mask: torch.Tensor | None = None
+    bad_word_ids: torch.Tensor | None = None
+    min_tokens: torch.Tensor | None = None
+    stop_token_ids: torch.Tensor | None = None
 
 
 def token_bitmask(allowed: torch.Tensor) -> torch.Tensor:
@@ -216,6 +241,55 @@ def process_logits(
     >>> out.tolist()  # row 1 also counts the draft 1
     [[1.0, 1.0, -2.0], [1.0, 0.5, -2.0]]
     """
+    value_checks, kwargs = prepare(
+        target_logits, draft_token_ids, cu_num_draft_tokens, token_ids, num_tokens,
+        num_prompt_tokens, req_indices, repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+        logit_bias_ids=logit_bias_ids, logit_bias_values=logit_bias_values,
+        allowed_token_mask=allowed_token_mask, grammar_mask=grammar_mask,
+        bad_word_ids=bad_word_ids, min_tokens=min_tokens, stop_token_ids=stop_token_ids,
+        validate=validate,
+    )  # fmt: skip
+    if value_checks is not None:
+        value_checks()
+    return processed_logits(kwargs)
+
+
+def processed_logits(a: dict) -> torch.Tensor:
+    """The op on :func:`prepare`'s keyword arguments (after its value checks)."""
+    return call(
+        "process_logits",
+        target_logits=a["target_logits"],
+        draft_token_ids=a["draft_token_ids"],
+        cu_num_draft_tokens=a["cu_num_draft_tokens"],
+        token_ids=a["token_ids"],
+        num_tokens=a["num_tokens"],
+        num_prompt_tokens=a["num_prompt_tokens"],
+        req_indices=a["req_indices"],
+        repetition_penalty=a["repetition_penalty"],
+        frequency_penalty=a["frequency_penalty"],
+        presence_penalty=a["presence_penalty"],
+        logit_bias_ids=a["logit_bias_ids"],
+        logit_bias_values=a["logit_bias_values"],
+        allowed_token_mask=a["allowed_token_mask"],
+        grammar_mask=a["grammar_mask"],
+        bad_word_ids=a["bad_word_ids"],
+        min_tokens=a["min_tokens"],
+        stop_token_ids=a["stop_token_ids"],
+    )
+
+
+def prepare(
+    target_logits, draft_token_ids, cu_num_draft_tokens, token_ids, num_tokens,
+    num_prompt_tokens, req_indices=None, *, repetition_penalty=None, frequency_penalty=None,
+    presence_penalty=None, logit_bias_ids=None, logit_bias_values=None, allowed_token_mask=None,
+    grammar_mask=None, bad_word_ids=None, min_tokens=None, stop_token_ids=None, validate=None,
+) -> tuple:  # fmt: skip
+    """:func:`process_logits`' checks: ``(value_checks, kwargs)``, its value checks as a
+    function (None where they do not run; they raise its ``ValueError``; the CPU kernels
+    run the same checks themselves, ``cpu/processing.py``'s ``values_ok``) and the keyword
+    arguments of its op, normalised (contiguous, the three penalties together). Shared with
+    ``rejection_sample(..., processing=...)``."""
     target_logits = check_tensor("target_logits", target_logits, dtype=LOGIT_DTYPES, ndim=2)
     device = target_logits.device
     i32, f32 = torch.int32, torch.float32
@@ -276,49 +350,51 @@ def process_logits(
 
     tensors = [target_logits, drafts, cu, token_ids, num_tokens, num_prompt_tokens, req_indices]
     extra = [*penalties, bias_ids, bias_values, allowed, grammar, bad, min_tokens, stops]
+    value_checks = None
     if should_check_values(tensors + extra, validate):
-        N = check_prefix_sum(
-            "cu_num_draft_tokens", cu, _INT32_MAX, "the draft counts: cu non-decreasing"
-        )
-        if N > drafts.shape[0]:
-            raise ValueError(
-                f"cu_num_draft_tokens[B] must be <= len(draft_token_ids) = {drafts.shape[0]}, "
-                f"got {N}"
-            )
-        check_req_indices_values(req_indices, R)
-        what = "rows in the batch; L_max = token_ids.shape[1]"
-        check_rows_range("num_tokens", num_tokens, req_indices, B, 0, L_max, what)
-        n, lo, _, _, over = rows_stats(num_prompt_tokens, req_indices, B, other=num_tokens)
-        if n and (lo < 0 or over > 0):
-            raise ValueError(
-                "num_prompt_tokens must lie in [0, num_tokens] for the rows in the batch"
-            )
-        if penalties[0] is not None:
-            check_value_range("repetition_penalty", penalties[0], 0, FLOAT32_MAX, "1 = off",
-                              lo_open=True)  # fmt: skip
-        for name, t in zip(names[1:], penalties[1:], strict=True):
-            if t is not None:
-                check_value_range(name, t, -FLOAT32_MAX, FLOAT32_MAX, "finite; 0 = off")
-        if bias_values is not None:
-            check_value_range(
-                "logit_bias_values", bias_values.view(-1), -FLOAT32_MAX, FLOAT32_MAX, "finite"
-            )  # flat: one numba pass
-        for name, t in (("logit_bias_ids", bias_ids), ("bad_word_ids", bad),
-                        ("stop_token_ids", stops)):  # fmt: skip
-            if t is not None:
-                what = f"token ids, -1 = padding; V = {V}"
-                check_value_range(name, t.view(-1), -1, V - 1, what)  # flat: one numba pass
-        if min_tokens is not None:
-            check_value_range("min_tokens", min_tokens, 0, _INT32_MAX)
 
-    if any(t is not None for t in penalties):  # the op takes the three together
+        def value_checks() -> None:
+            N = check_prefix_sum(
+                "cu_num_draft_tokens", cu, _INT32_MAX, "the draft counts: cu non-decreasing"
+            )
+            if N > drafts.shape[0]:
+                raise ValueError(
+                    "cu_num_draft_tokens[B] must be <= len(draft_token_ids) = "
+                    f"{drafts.shape[0]}, got {N}"
+                )
+            check_req_indices_values(req_indices, R)
+            what = "rows in the batch; L_max = token_ids.shape[1]"
+            check_rows_range("num_tokens", num_tokens, req_indices, B, 0, L_max, what)
+            n, lo, _, _, over = rows_stats(num_prompt_tokens, req_indices, B, other=num_tokens)
+            if n and (lo < 0 or over > 0):
+                raise ValueError(
+                    "num_prompt_tokens must lie in [0, num_tokens] for the rows in the batch"
+                )
+            if penalties[0] is not None:
+                check_value_range("repetition_penalty", penalties[0], 0, FLOAT32_MAX,
+                                  "1 = off", lo_open=True)  # fmt: skip
+            for name, t in zip(names[1:], penalties[1:], strict=True):
+                if t is not None:
+                    check_value_range(name, t, -FLOAT32_MAX, FLOAT32_MAX, "finite; 0 = off")
+            if bias_values is not None:
+                check_value_range("logit_bias_values", bias_values.view(-1), -FLOAT32_MAX,
+                                  FLOAT32_MAX, "finite")  # flat: one numba pass  # fmt: skip
+            for name, t in (("logit_bias_ids", bias_ids), ("bad_word_ids", bad),
+                            ("stop_token_ids", stops)):  # fmt: skip
+                if t is not None:
+                    what = f"token ids, -1 = padding; V = {V}"
+                    check_value_range(name, t.view(-1), -1, V - 1, what)  # flat: one pass
+            if min_tokens is not None:
+                check_value_range("min_tokens", min_tokens, 0, _INT32_MAX)
+
+    filled = penalties  # the op takes the three together
+    if any(t is not None for t in penalties):
         defaults = (1.0, 0.0, 0.0)
-        penalties = [
+        filled = [
             torch.full((B,), d, dtype=f32, device=device) if t is None else t
             for t, d in zip(penalties, defaults, strict=True)
         ]
-    return call(
-        "process_logits",
+    return value_checks, dict(
         target_logits=target_logits,
         draft_token_ids=drafts.contiguous(),
         cu_num_draft_tokens=cu.contiguous(),
@@ -326,9 +402,9 @@ def process_logits(
         num_tokens=num_tokens.contiguous(),
         num_prompt_tokens=num_prompt_tokens.contiguous(),
         req_indices=None if req_indices is None else req_indices.contiguous(),
-        repetition_penalty=penalties[0],
-        frequency_penalty=penalties[1],
-        presence_penalty=penalties[2],
+        repetition_penalty=filled[0],
+        frequency_penalty=filled[1],
+        presence_penalty=filled[2],
         logit_bias_ids=bias_ids,
         logit_bias_values=bias_values,
         allowed_token_mask=allowed,

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.cpu import rejection as _cpu
-from specdec_kernels.ops._library import call, define
+from specdec_kernels.ops._library import call, calls_cpu_directly, define, refused
 from specdec_kernels.ops._validation import (
     FLOAT32_MAX,
     INT64_MAX,
@@ -25,6 +25,7 @@ from specdec_kernels.ops._validation import (
     check_value_range,
     should_check_values,
 )
+from specdec_kernels.ops.processing import LogitsProcessing, prepare, processed_logits
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SEED_HIGH = 2**62
@@ -152,6 +153,7 @@ def rejection_sample(
     seeds: torch.Tensor | None = None,
     offsets: torch.Tensor | None = None,
     return_logprobs: bool = False,
+    processing: LogitsProcessing | None = None,
     validate: bool | None = None,
 ) -> RejectionOutput:
     """Verify draft tokens against the target model: keep the longest accepted prefix, then
@@ -301,21 +303,48 @@ def rejection_sample(
         seeds = torch.randint(0, SEED_HIGH, (B,), dtype=torch.int64, device=device)
         offsets = torch.zeros((B,), dtype=torch.int64, device=device)
 
+    draft_token_ids, cu = draft_token_ids.contiguous(), cu.contiguous()
+    # int32 for the kernels; negatives stay negative, so the CPU kernel's checks refuse them
+    top_k = None if top_k is None else top_k.clamp(min=-1, max=2**31 - 1).to(torch.int32)
+    if processing is not None:
+        if not isinstance(processing, LogitsProcessing):
+            raise ValueError(
+                f"processing must be a LogitsProcessing, got {type(processing).__name__}"
+            )
+        proc_checks, proc = prepare(target_logits, draft_token_ids, cu,
+                                    **processing._asdict(), validate=validate)  # fmt: skip
+        kwargs = dict(target_logits=target_logits, draft_token_ids=draft_token_ids,
+                      cu_num_draft_tokens=cu, draft_probs=draft_probs, temperature=temperature,
+                      top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, offsets=offsets,
+                      num_speculative_tokens=k, return_logprobs=return_logprobs)  # fmt: skip
+        extra = {n: t for n, t in proc.items() if n not in kwargs}
+        if calls_cpu_directly({**kwargs, **extra}):  # one kernel, checks inside, fused rows
+            checks = [c for c in (proc_checks, value_checks) if c is not None]  # both or none
+            result = _cpu.rejection_sample_processed(
+                **kwargs, check=bool(checks), processing=extra
+            )  # fmt: skip
+            if result is None:
+                refused("rejection_sample", lambda: [c() for c in checks])
+            out, num_emitted, logprobs = result
+            return RejectionOutput(out, num_emitted, logprobs if return_logprobs else None)
+        if proc_checks is not None:
+            proc_checks()
+        target_logits = processed_logits(proc)
+
     out, num_emitted, logprobs = call(
         "rejection_sample",
         target_logits=target_logits,
-        draft_token_ids=draft_token_ids.contiguous(),
-        cu_num_draft_tokens=cu.contiguous(),
+        draft_token_ids=draft_token_ids,
+        cu_num_draft_tokens=cu,
         draft_probs=draft_probs,
         temperature=temperature,
-        # int32 for the kernels; negatives stay negative, so the CPU kernel's checks refuse them
-        top_k=None if top_k is None else top_k.clamp(min=-1, max=2**31 - 1).to(torch.int32),
+        top_k=top_k,
         top_p=top_p,
         min_p=min_p,
         seeds=seeds,
         offsets=offsets,
         num_speculative_tokens=k,
-        return_logprobs=bool(return_logprobs),
+        return_logprobs=return_logprobs,
         value_checks=value_checks,
     )
     return RejectionOutput(out, num_emitted, logprobs if return_logprobs else None)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from specdec_kernels.cpu import processing as cpu_processing
 from specdec_kernels.kernels import processing as triton_processing
 from specdec_kernels.ops import process_logits, rejection_sample, token_bitmask
+from specdec_kernels.ops.processing import LogitsProcessing
 from specdec_kernels.reference import processing as ref_processing
 from tests.bookkeeping_helpers import KERNEL_DEVICE
 
@@ -424,34 +425,37 @@ def features_for(seed: int) -> dict:
     )  # fmt: skip
 
 
-def step(prompt_len, tokens, drafts, temperature, seed, feats):
-    """One verify step of the toy model with every feature: the emitted tokens."""
+def step(prompt_len, tokens, drafts, temperature, seed, feats, fused=False):
+    """One verify step of the toy model with every feature: the emitted tokens. ``fused``:
+    ``rejection_sample(..., processing=...)`` instead of the two ops in turn."""
     contexts = [tokens + drafts[:j] for j in range(len(drafts) + 1)]
     logits = torch.stack([toy_logits(c) for c in contexts])
     grammar = bits([toy_grammar(c) for c in contexts], V_TOY)
     L = len(tokens)
     token_ids = torch.zeros(1, 64, dtype=I32)
     token_ids[0, :L] = i32(tokens)
-    processed = process_logits(
-        logits, i32(drafts) if drafts else torch.zeros(0, dtype=I32), i32([0, len(drafts)]),
-        token_ids, i32([L]), i32([prompt_len]), grammar_mask=grammar, **feats,
-    )  # fmt: skip
+    flat = i32(drafts) if drafts else torch.zeros(0, dtype=I32)
+    processing = LogitsProcessing(token_ids, i32([L]), i32([prompt_len]), grammar_mask=grammar,
+                                  **feats)  # fmt: skip
+    if not fused:
+        logits = process_logits(logits, flat, i32([0, len(drafts)]), **processing._asdict())
     out = rejection_sample(
-        processed, i32(drafts) if drafts else torch.zeros(0, dtype=I32), i32([0, len(drafts)]),
-        num_speculative_tokens=max(len(drafts), 0), temperature=torch.tensor([temperature]),
-        seeds=torch.tensor([seed]), offsets=torch.tensor([L - 1]),
+        logits, flat, i32([0, len(drafts)]), num_speculative_tokens=max(len(drafts), 0),
+        temperature=torch.tensor([temperature]), seeds=torch.tensor([seed]),
+        offsets=torch.tensor([L - 1]), processing=processing if fused else None,
     )  # fmt: skip
     return out.output_token_ids[0, : int(out.num_emitted[0])].tolist()
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["two-ops", "fused"])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_verification_of_processed_rows_emits_what_plain_decoding_emits(seed, temperature):
+def test_verification_of_processed_rows_emits_what_plain_decoding_emits(seed, temperature, fused):
     feats = features_for(seed)
     prompt = [4, 9, 5, 7]
     plain = list(prompt)
     while len(plain) < len(prompt) + 14:
-        plain += step(len(prompt), plain, [], temperature, seed, feats)
+        plain += step(len(prompt), plain, [], temperature, seed, feats, fused)
     g = torch.Generator().manual_seed(100 + seed)
     spec = list(prompt)
     steps = 0
@@ -459,7 +463,7 @@ def test_verification_of_processed_rows_emits_what_plain_decoding_emits(seed, te
         steps += 1
         ahead = plain[len(spec) : len(spec) + 4]  # the plain sampler's own tokens, perturbed
         drafts = [t if float(torch.rand(1, generator=g)) < 0.8 else (t + 1) % V_TOY for t in ahead]
-        spec += step(len(prompt), spec, drafts, temperature, seed, feats)
+        spec += step(len(prompt), spec, drafts, temperature, seed, feats, fused)
     assert spec[: len(plain)] == plain
     assert steps < len(plain) - len(prompt)  # drafts were accepted
     out = plain[len(prompt) :]
@@ -534,3 +538,221 @@ def test_the_op_takes_the_three_penalties_together():
     # the wrapper fills the others with their neutral values
     neutral = {**a, "frequency_penalty": torch.zeros(1), "presence_penalty": torch.zeros(1)}
     assert same(run("public", a), run("reference", neutral))
+
+
+# ------------------------------------------------- rejection_sample(..., processing=...)
+
+PROCESSING_FIELDS = LogitsProcessing._fields
+
+
+def processing_of(a: dict) -> LogitsProcessing:
+    return LogitsProcessing(**{n: a[n] for n in PROCESSING_FIELDS})
+
+
+def verify_both(a: dict, **kw):
+    """``rejection_sample`` with ``processing=`` (on CPU tensors: the one-kernel route) and
+    on the rows ``process_logits`` returns (the two ops in turn)."""
+    rows = (a["draft_token_ids"], a["cu_num_draft_tokens"])
+    proc = processing_of(a)
+    fused = rejection_sample(a["target_logits"], *rows, processing=proc, **kw)
+    processed = process_logits(a["target_logits"], *rows, **proc._asdict())
+    return fused, rejection_sample(processed, *rows, **kw)
+
+
+def same_result(got, want) -> bool:
+    lp_same = (got.logprobs is None and want.logprobs is None) or same(got.logprobs, want.logprobs)
+    return (torch.equal(got.output_token_ids, want.output_token_ids)
+            and torch.equal(got.num_emitted, want.num_emitted) and lp_same)  # fmt: skip
+
+
+def accepted_drafts(a: dict, k: int) -> dict:
+    """``a`` with each request's drafts set to its processed rows' argmax, so that greedy
+    verification reaches every row (row ``j``'s processing depends on the drafts before
+    it: built one position at a time)."""
+    a = dict(a)
+    cu = a["cu_num_draft_tokens"]
+    drafts = a["draft_token_ids"].clone()
+    for j in range(k):
+        a["draft_token_ids"] = drafts
+        rows = process_logits(a["target_logits"], drafts, cu, **processing_of(a)._asdict())
+        for b in range(cu.shape[0] - 1):
+            if j < int(cu[b + 1] - cu[b]):
+                drafts[int(cu[b]) + j] = int(rows[int(cu[b]) + b + j].nan_to_num(-1e30).argmax())
+    a["draft_token_ids"] = drafts
+    return a
+
+
+def sampled(B: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    temp = torch.rand(B, generator=g) * 1.5
+    temp[0] = 0.0  # one greedy request in a sampled batch
+    return dict(temperature=temp, top_k=torch.randint(0, 6, (B,), generator=g),
+                top_p=torch.rand(B, generator=g) * 0.5 + 0.5,
+                min_p=torch.rand(B, generator=g) * 0.2,
+                seeds=torch.randint(0, 2**40, (B,), generator=g),
+                offsets=torch.randint(0, 100, (B,), generator=g))  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["greedy", "greedy-logprobs", "sampled", "draft-probs"])
+@pytest.mark.parametrize("accept", [False, True], ids=["random-drafts", "accepted-drafts"])
+@pytest.mark.parametrize(
+    "dtype,transposed", [(torch.float32, False), (torch.bfloat16, False), (torch.float16, True)]
+)
+@pytest.mark.parametrize("seed", range(4))
+def test_verification_with_processing_equals_verifying_the_processed_rows(
+    seed, dtype, transposed, accept, mode
+):  # fmt: skip
+    a = random_args(seed, dtype=dtype, transposed=transposed)
+    if accept:
+        a = accepted_drafts(a, 3)
+    B = a["cu_num_draft_tokens"].shape[0] - 1
+    kw = dict(num_speculative_tokens=3, return_logprobs=mode != "greedy")
+    if mode in ("sampled", "draft-probs"):
+        kw.update(sampled(B, seed))
+    if mode == "draft-probs":
+        g = torch.Generator().manual_seed(seed)
+        q = torch.rand(a["draft_token_ids"].shape[0], a["target_logits"].shape[1], generator=g)
+        kw["draft_probs"] = q / q.sum(-1, keepdim=True)
+    fused, two = verify_both(a, **kw)
+    assert same_result(fused, two)
+    if accept and mode == "greedy":  # the drafts are the processed argmax: all accepted
+        counts = a["cu_num_draft_tokens"].diff()
+        live = a["req_indices"] >= 0
+        assert torch.equal(fused.num_emitted[live], (counts + 1).to(I32)[live])
+
+
+@settings(max_examples=60)
+@given(
+    seed=st.integers(0, 10**6),
+    on=st.lists(st.booleans(), min_size=6, max_size=6),
+    V=st.sampled_from([7, 9, 33, 64]),  # random_args names ids up to 6
+    ties=st.booleans(),
+)
+def test_the_greedy_shortcut_equals_the_processed_argmax(seed, on, V, ties):
+    # greedy rows take the raw row's argmax and process only the ids that can beat it;
+    # small integer logits make ties, +-0, named and masked maxima common; decreasing and
+    # increasing penalties, bias on the raw argmax, rows of -inf and NaN
+    a = accepted_drafts(random_args(seed, V=V), 3) if on[5] else random_args(seed, V=V)
+    g = torch.Generator().manual_seed(seed)
+    logits = a["target_logits"]
+    if ties:
+        logits = torch.randint(-2, 3, logits.shape, generator=g).float()
+        logits[logits == 0] = torch.tensor([0.0, -0.0])[torch.randint(0, 2, (1,), generator=g)]
+        logits[2] = float("-inf")
+        logits[3, : max(V // 2, 1)] = float("nan")
+    a["target_logits"] = logits
+    groups = [
+        ("repetition_penalty", "frequency_penalty", "presence_penalty"),
+        ("logit_bias_ids", "logit_bias_values"), ("allowed_token_mask", "grammar_mask"),
+        ("bad_word_ids",), ("min_tokens", "stop_token_ids"),
+    ]  # fmt: skip
+    for keep, names in zip(on[:5], groups, strict=True):
+        if not keep:
+            a.update(dict.fromkeys(names))
+    if a["repetition_penalty"] is not None and seed % 2:  # penalties that only lower logits
+        B = a["repetition_penalty"].shape[0]
+        a.update(repetition_penalty=torch.full((B,), 1.5), frequency_penalty=torch.full((B,), 0.5),
+                 presence_penalty=torch.zeros(B))  # fmt: skip
+    fused, two = verify_both(a, num_speculative_tokens=3)
+    assert same_result(fused, two)
+
+
+def test_the_routes_agree():
+    # plain CPU tensors: one kernel; under a torch function mode (as compile, fake tensors
+    # and other devices): process_logits then rejection_sample, the dispatcher's way
+    a = accepted_drafts(random_args(5), 3)
+    rows = (a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"])
+    kw = dict(num_speculative_tokens=3, return_logprobs=True, processing=processing_of(a))
+    direct = rejection_sample(*rows, **kw)
+    with torch.device("cpu"):  # a torch function mode: the ops go through the dispatcher
+        dispatched = rejection_sample(*rows, **kw)
+    assert same_result(direct, dispatched)
+    compiled = torch.compile(lambda *r: rejection_sample(*r, **kw), fullgraph=False)
+    assert same_result(compiled(*rows), direct)
+
+
+PROCESSING_ERRORS = [(kw, m) for kw, m in ERRORS if "target_logits" not in kw]
+
+
+@pytest.mark.parametrize("kw,match", PROCESSING_ERRORS, ids=[m for _, m in PROCESSING_ERRORS])
+def test_bad_processing_raises_what_process_logits_raises(kw, match):
+    a = {**BASE, **kw}
+    rows = (a.pop("target_logits"), a.pop("draft_token_ids"), a.pop("cu_num_draft_tokens"))
+    proc = LogitsProcessing(a.pop("token_ids"), a.pop("num_tokens"), a.pop("num_prompt_tokens"),
+                            **a)  # fmt: skip
+    with pytest.raises(ValueError, match=match):
+        rejection_sample(*rows, num_speculative_tokens=2, processing=proc)
+
+
+def test_processing_must_be_a_logits_processing():
+    rows = (BASE["target_logits"], BASE["draft_token_ids"], BASE["cu_num_draft_tokens"])
+    with pytest.raises(ValueError, match="processing must be a LogitsProcessing"):
+        rejection_sample(*rows, num_speculative_tokens=2, processing={"token_ids": None})
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_kernel_refuses_exactly_what_the_wrappers_refuse(seed):
+    # random single bad values: the one-kernel route's checks (inside the kernel) and the
+    # two ops' (in Python) raise the same ValueError, or neither does
+    g = torch.Generator().manual_seed(seed)
+    a = random_args(seed)
+    pick = int(torch.randint(0, 9, (1,), generator=g))
+    bad = {
+        0: ("req_indices", lambda t: t.index_fill(0, torch.tensor([0]), 7 + seed % 3)),
+        1: ("num_tokens", lambda t: t.index_fill(0, torch.tensor([seed % 7]), 15)),
+        2: ("num_prompt_tokens", lambda t: t.index_fill(0, torch.tensor([seed % 7]), 14)),
+        3: ("repetition_penalty", lambda t: t.index_fill(0, torch.tensor([1]), -0.5 * (seed % 2))),
+        4: ("frequency_penalty", lambda t: t.index_fill(0, torch.tensor([2]), float("inf"))),
+        5: ("logit_bias_values", lambda t: t.index_fill(1, torch.tensor([0]), float("nan"))),
+        6: ("logit_bias_ids", lambda t: t.index_fill(1, torch.tensor([1]), -2 + 47 * (seed % 2))),
+        7: ("stop_token_ids", lambda t: t.index_fill(1, torch.tensor([0]), 45)),
+        8: ("min_tokens", lambda t: t.index_fill(0, torch.tensor([seed % 5]), -(seed % 2))),
+    }[pick]
+    a[bad[0]] = bad[1](a[bad[0]])
+    rows = (a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"])
+    errors = []
+    for fused in (True, False):
+        try:
+            if fused:
+                rejection_sample(*rows, num_speculative_tokens=3, processing=processing_of(a))
+            else:
+                processed = process_logits(*rows, **processing_of(a)._asdict())
+                rejection_sample(processed, *rows[1:], num_speculative_tokens=3)
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    assert errors[0] == errors[1]
+
+
+def bias(t: int, v: float) -> dict:
+    return dict(logit_bias_ids=i32([[t]]), logit_bias_values=torch.tensor([[v]]))
+
+
+SHORTCUT_CASES = {
+    # (raw row, processing fields, expected greedy token); the raw argmax is never named
+    "repetition-below-1-raises-a-seen-token": (
+        [0.0, 3.0, 0.0, 3.5], dict(repetition_penalty=torch.tensor([0.5])), 1),
+    "negative-frequency-raises-a-seen-token": (
+        [0.0, 3.0, 0.0, 3.5], dict(frequency_penalty=torch.tensor([-1.0])), 1),
+    "negative-presence-raises-a-seen-token": (
+        [0.0, 3.0, 0.0, 3.5], dict(presence_penalty=torch.tensor([-0.75])), 1),
+    "bias-ties-a-lower-id-which-wins": ([0.0, 1.0, 0.0, 3.0], bias(0, 3.0), 0),
+    "bias-ties-a-higher-id-which-loses": ([0.0, 3.0, 0.0, 1.0], bias(3, 2.0), 1),
+    "bias-on-a-banned-id-stays-banned": (
+        [0.0, 1.0, 0.0, 3.0], dict(bias(2, 9.0), bad_word_ids=i32([[[2]]])), 3),
+    "bias-on-a-masked-id-stays-masked": (
+        [0.0, 1.0, 0.0, 3.0], dict(bias(2, 9.0), allowed_token_mask=bits([[0, 1, 3]], 4)), 3),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SHORTCUT_CASES))
+def test_greedy_shortcut_named_cases(name):
+    row, fields, want = SHORTCUT_CASES[name]
+    # history: prompt [2], output [1, 1]; no drafts (the bonus row only)
+    a = dict(BASE, target_logits=torch.tensor([row]), draft_token_ids=torch.zeros(0, dtype=I32),
+             cu_num_draft_tokens=i32([0, 0]), token_ids=i32([[2, 1, 1]]), num_tokens=i32([3]),
+             num_prompt_tokens=i32([1]), req_indices=None, **dict.fromkeys(FEATURES))  # fmt: skip
+    a.update(fields)
+    fused, two = verify_both(a, num_speculative_tokens=0)
+    assert same_result(fused, two)
+    assert fused.output_token_ids.tolist() == [[want]]

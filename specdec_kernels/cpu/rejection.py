@@ -31,6 +31,19 @@ from specdec_kernels.cpu._jit import (
     scratch,
 )
 from specdec_kernels.cpu.logprobs import value_of
+from specdec_kernels.cpu.processing import (
+    NONE_TENSORS,
+    buffers,
+    copy_row,
+    count_draft,
+    process_row,
+    processed_argmax,
+    request_end,
+    request_start,
+    row_words,
+    tensors,
+)
+from specdec_kernels.cpu.processing import values_ok as processing_values_ok
 from specdec_kernels.cpu.sampling import (
     BLOCK,
     argmax,
@@ -130,7 +143,7 @@ def values_ok(cu, k, n_drafts, q_rows, has_probs, temp, has_temp, top_k, has_top
 def _reject(
     l32, l16, l_bf16, drafts, cu, q32, q16, q_bf16, has_probs, temp, has_temp, top_k,
     has_top_k, top_p, has_top_p, min_p, has_min_p, seeds, offsets, lp_on, check, out,
-    num_emitted, logprobs, w, blocks, refs, buf,
+    num_emitted, logprobs, w, blocks, refs, buf, proc, pt, counts, uniq, words, prow,
 ):  # fmt: skip
     B, K1 = out.shape
     V = max(l32.shape[1], l16.shape[1])
@@ -140,6 +153,8 @@ def _reject(
     if check and not values_ok(cu, K1 - 1, n_drafts, q_rows, has_probs, temp, has_temp, top_k,
                                has_top_k, top_p, has_top_p, min_p, has_min_p):  # fmt: skip
         return False
+    if check and proc and not processing_values_ok(pt, B, V):
+        return False
     for b in range(B):
         out[b, :] = -1
         if lp_on:
@@ -147,19 +162,37 @@ def _reject(
         kb = min(max(cu[b + 1] - cu[b], 0), K1 - 1)
         T = temp[b] if has_temp else np.float32(0.0)
         emitted = 0
+        r, L, P, pen, nu = np.int64(-1), np.int64(0), np.int64(0), False, np.int64(0)
+        if proc:
+            r, L, P, pen, nu = request_start(pt, b, V, counts, uniq)
         for j in range(kb + 1):
             g = cu[b] + b + j  # the target row verifying d_j (the bonus row at j = kb)
             if g < 0 or g >= rows:
                 break
+            s32, s_bf16, sg = l32, l_bf16, g  # the row verification reads
+            direct = r >= 0 and T == 0.0 and not lp_on
+            tok = -1
+            if r >= 0:
+                nu = count_draft(pt, r, L, pen, nu, drafts, cu[b], j, counts, uniq, V)
+            if direct:  # greedy: the processed row's argmax, usually without processing it
+                tok = processed_argmax(l32, l16, l_bf16, g, pt, b, r, L, P, pen, nu, drafts,
+                                       cu[b], j, prow, counts, uniq, words, buf)  # fmt: skip
+            elif r >= 0:  # processed: row g in fp32 in prow[0], then processed there
+                masked = row_words(pt, b, g, words)
+                copy_row(l32, l16, l_bf16, g, prow[0], masked, words)
+                process_row(pt, b, r, L, P, pen, nu, drafts, cu[b], j, prow[0], counts, uniq,
+                            masked, words)  # fmt: skip
+                s32, s_bf16, sg = prow, False, 0
             f = cu[b] + j  # the flat draft index
             x = drafts[f] if j < kb and 0 <= f < n_drafts else -1
             valid = 0 <= x < V and (f < q_rows or not has_probs)
             acc = False
             if T == 0.0:  # greedy: the argmax
-                tok = argmax(l32, l16, l_bf16, g, V, buf)
+                if not direct:
+                    tok = argmax(s32, l16, s_bf16, sg, V, buf)
                 acc = valid and tok == x
             else:
-                S = row_weights(l32, l16, l_bf16, g, V, T, w, blocks, refs, buf)[1]
+                S = row_weights(s32, l16, s_bf16, sg, V, T, w, blocks, refs, buf)[1]
                 k_ = top_k[b] if has_top_k else 0
                 p_ = top_p[b] if has_top_p else np.float32(1.0)
                 mp = min_p[b] if has_min_p else np.float32(0.0)
@@ -173,7 +206,7 @@ def _reject(
                 u1 = philox_uniform(seeds[b], offsets[b] + j, 1)
                 coupled = not has_probs or j == kb
                 if coupled or not valid:  # the draft is kept iff it is the row's sample
-                    tok = _sample(w, V, blocks, S, u1, l32, l16, l_bf16, g, buf)
+                    tok = _sample(w, V, blocks, S, u1, s32, l16, s_bf16, sg, buf)
                     acc = coupled and valid and tok == x
                 else:  # speculative sampling: u < p(x) / q(x)
                     qx = _value(q32, q16, q_bf16, f, x)
@@ -181,7 +214,7 @@ def _reject(
                     if qx > 0 and u0 < (w[x] / S32) / qx:
                         tok, acc = x, True
                     else:  # normalize(max(p - q, 0)), unless it has no mass: then p's sample
-                        tok = _sample(w, V, blocks, S, u1, l32, l16, l_bf16, g, buf)
+                        tok = _sample(w, V, blocks, S, u1, s32, l16, s_bf16, sg, buf)
                         R = np.float64(0.0)
                         for j0 in range(0, V, BLOCK):
                             n = min(BLOCK, V - j0)
@@ -197,10 +230,12 @@ def _reject(
                                 tok = r_tok
             out[b, j] = tok
             if lp_on:
-                logprobs[b, j] = _log_prob(l32, l16, l_bf16, g, V, tok, buf, w)
+                logprobs[b, j] = _log_prob(s32, l16, s_bf16, sg, V, tok, buf, w)
             emitted += 1
             if not acc:
                 break
+        if proc:
+            request_end(counts, uniq, nu)
         num_emitted[b] = emitted
     return True
 
@@ -231,9 +266,26 @@ def rejection_sample_checked(
     )  # fmt: skip
 
 
+def rejection_sample_processed(
+    target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
+    min_p, seeds, offsets, *, num_speculative_tokens, return_logprobs, check, processing,
+):  # fmt: skip
+    """``rejection_sample(process_logits(target_logits, ...), ...)`` as one kernel call
+    (``ops/rejection.py``'s route for plain CPU tensors): each row verification reaches is
+    processed into one fp32 scratch row just before it is verified (``cpu/processing.py``'s
+    row functions, the same code ``process_logits`` runs), rows it does not reach are never
+    processed. ``processing``: ``process_logits``' keyword arguments after the
+    draft tokens, as its wrapper passes them to its op. With ``check``, the rejection
+    checks run in the kernel (None if one fails), as in :func:`rejection_sample_checked`."""
+    return _run(
+        target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k,
+        top_p, min_p, seeds, offsets, num_speculative_tokens, return_logprobs, check, processing,
+    )  # fmt: skip
+
+
 def _run(
     target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
-    min_p, seeds, offsets, num_speculative_tokens, return_logprobs, check,
+    min_p, seeds, offsets, num_speculative_tokens, return_logprobs, check, processing=None,
 ):  # fmt: skip
     require_seeds_and_offsets(temperature, seeds, offsets)
     K1 = num_speculative_tokens + 1
@@ -250,7 +302,15 @@ def _run(
     l32, l16 = float_rows(target_logits, N + B)
     q32, q16 = float_rows(draft_probs, N)
     nb = (V + BLOCK - 1) // BLOCK
-    work = scratch(V + BLOCK)
+    proc = processing is not None
+    work = scratch(V + BLOCK + (V if proc else 0))
+    if proc:
+        pt = tensors(**processing)
+        bufs = buffers(V, processing["token_ids"], draft_token_ids,
+                       processing["repetition_penalty"] is not None)  # fmt: skip
+        prow = work[V + BLOCK : 2 * V + BLOCK].reshape(1, V)
+    else:
+        pt, bufs, prow = NONE_TENSORS, (NONE_I32,) * 3, NONE_F32_2D
     ok = _reject(
         l32, l16, target_logits.dtype == torch.bfloat16,
         np_(draft_token_ids) if draft_token_ids.numel() else NONE_I32, cu,
@@ -260,6 +320,6 @@ def _run(
         opt(min_p, NONE_F32), min_p is not None, opt(seeds, NONE_I64), opt(offsets, NONE_I64),
         return_logprobs, check, out_a, emitted_a, lp_a if return_logprobs else NONE_F32_2D,
         work[:V], np.empty(nb, dtype=np.float64), np.empty(nb, dtype=np.float32),
-        work[V : V + BLOCK],
+        work[V : V + BLOCK], proc, pt, *bufs, prow,
     )  # fmt: skip
     return (out, num_emitted, logprobs) if ok else None
