@@ -24,7 +24,7 @@ from specdec_kernels.ops.ngram_index import (
     ngram_index_build,
     ngram_index_extend,
 )
-from specdec_kernels.ops.processing import process_logits, token_bitmask
+from specdec_kernels.ops.processing import LogitsProcessing, process_logits, token_bitmask
 from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample, sampling_offsets
 from specdec_kernels.ops.verify_inputs import (
     VerifyInputs,
@@ -42,6 +42,7 @@ __all__ = [
     "FrequencyCorpus",
     "FrequencyIndex",
     "FrequencyProposal",
+    "LogitsProcessing",
     "NgramProposal",
     "RejectionOutput",
     "TopLogprobs",

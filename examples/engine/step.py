@@ -12,13 +12,13 @@ from __future__ import annotations
 import torch
 
 from specdec_kernels.ops import (
+    LogitsProcessing,
     commit_accepted_tokens,
     corpus_append,
     ngram_index_extend,
     ngram_propose,
     plan_draft_lengths,
     prepare_verify_inputs,
-    process_logits,
     rejection_sample,
     sampling_offsets,
     update_acceptance_stats,
@@ -73,18 +73,18 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
     )  # fmt: skip
 
     drafts = vi.flat_draft_token_ids[: n_query - B]
-    raw_logits = logits  # what the logprobs report (vLLM's default, raw_logprobs)
+    processing = None
     if eng.processing is not None:
         # Penalties, logit bias, allowed tokens, bad words, min_tokens: each row as plain
         # decoding processes its position (the drafts before it count as output).
-        logits = process_logits(
-            logits, drafts, vi.cu_num_draft_tokens, eng.token_ids, eng.num_tokens,
-            eng.num_prompt_tokens, req_indices, validate=False,  # own state: checked once
+        processing = LogitsProcessing(
+            eng.token_ids, eng.num_tokens, eng.num_prompt_tokens, req_indices,
             **eng.processing.kwargs(r, eng.stop_token_ids),
         )  # fmt: skip
 
-    # Verification: a draft is kept iff it is the token the plain sampler emits at its
-    # row (coupled verification), then one bonus or recovered token per request.
+    # Verification of the processed rows: a draft is kept iff it is the token the plain
+    # sampler emits at its row (coupled verification), then one bonus or recovered token
+    # per request.
     rs = rejection_sample(
         logits, drafts, vi.cu_num_draft_tokens,
         num_speculative_tokens=k,
@@ -92,6 +92,7 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
         top_p=eng.top_p[r] if sampled and use_top_p else None,
         seeds=eng.seeds[r] if sampled else None,
         offsets=sampling_offsets(eng.num_tokens, req_indices) if sampled else None,
+        processing=processing,
     )  # fmt: skip
 
     # Commit the emitted tokens to the persistent state; stop tokens and budgets end
@@ -105,8 +106,9 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
     )  # fmt: skip
 
     if eng.logprobs is not None:
-        # The committed tokens' logprobs and top N (top_logprobs), kept on the device.
-        eng.logprobs.record(raw_logits, vi.cu_num_draft_tokens, rs, cm.num_committed,
+        # The committed tokens' logprobs and top N (top_logprobs) of the raw rows (vLLM's
+        # default, raw_logprobs), kept on the device.
+        eng.logprobs.record(logits, vi.cu_num_draft_tokens, rs, cm.num_committed,
                             req_indices, start)  # fmt: skip
 
     if eng.index is not None:

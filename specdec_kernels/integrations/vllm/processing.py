@@ -80,9 +80,9 @@ def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:
 
 
 def process_inputs(sampling_metadata: Any, batch_size: int, device) -> dict:
-    """The keyword arguments of :func:`specdec_kernels.ops.process_logits` after its six
-    positional tensors' last three (``token_ids``, ``num_tokens``, ``num_prompt_tokens``)
-    for one vLLM verify step, as a dict (those three included).
+    """The fields of :class:`specdec_kernels.ops.LogitsProcessing` (``process_logits``'
+    arguments after the logits and drafts: ``token_ids``, ``num_tokens``,
+    ``num_prompt_tokens`` and the features) for one vLLM verify step, as a dict.
 
     Output tokens: ``sampling_metadata.output_token_ids[b]`` (vLLM fills it when penalties
     or bad words are on), else the list ``min_tokens`` keeps for the request, else none.

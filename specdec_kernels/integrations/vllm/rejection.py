@@ -28,7 +28,12 @@ from specdec_kernels.integrations.vllm.logprobs import (
     gather_logprobs,
     sampled_rows,
 )
-from specdec_kernels.ops import exclusive_cu_num_draft_tokens, process_logits, rejection_sample
+from specdec_kernels.ops import (
+    LogitsProcessing,
+    exclusive_cu_num_draft_tokens,
+    process_logits,
+    rejection_sample,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -301,11 +306,13 @@ def verify(
       equals vLLM's (``p(d)``, resp. ``min(1, p(d)/q(d))``); individual tokens differ
       from vLLM's, which uses other random numbers.
     - penalties, bad words, ``allowed_token_ids``, ``min_tokens`` and logit bias: the
-      gathered rows go through :func:`specdec_kernels.ops.process_logits` first
-      (:mod:`.processing` maps the metadata), every row as vLLM's plain ``Sampler`` would
+      gathered rows are verified as :func:`specdec_kernels.ops.process_logits` processes
+      them (``rejection_sample(..., processing=...)``: one pass on CPU tensors;
+      :mod:`.processing` maps the metadata), every row as vLLM's plain ``Sampler`` would
       process its position (drafts before it counted as output); where vLLM's draft and
       bonus rows differ from that (logit bias, ``min_tokens`` at the bonus row), see
-      ``docs/design.md``, "``process_logits``".
+      ``docs/design.md``, "``process_logits``". The processed logprob modes read the
+      processed rows, so there they are materialised by ``process_logits`` first.
     - randomness: :func:`request_seeds`.
     - logprobs (``max_num_logprobs``, all four ``logprobs_mode`` settings): top-N and the
       emitted token's logprob and rank, by vLLM's own ``Sampler.compute_logprobs`` and
@@ -360,12 +367,23 @@ def verify(
     rows[bonus_rows] = metadata.bonus_logits_indices.to(device).long()
     target_logits = raw_logits = logits.index_select(0, rows)
     cu = exclusive_cu_num_draft_tokens(cu_inclusive)
+    sampler = None
+    if sm.max_num_logprobs is not None:
+        if rejection_sampler is None:
+            from vllm.v1.sample.sampler import Sampler
+
+            sampler = Sampler()  # vLLM's default mode, raw_logprobs
+        else:
+            sampler = rejection_sampler.sampler
+    processed_logprobs = sampler is not None and sampler.logprobs_mode in PROCESSED_LOGPROBS_MODES
+    logits_processing = None
     if processing.needs_processing(sm):  # penalties, bad words, masks, min_tokens, bias
-        kw = processing.process_inputs(sm, B, device)
-        target_logits = process_logits(
-            target_logits, drafts, cu, kw.pop("token_ids"), kw.pop("num_tokens"),
-            kw.pop("num_prompt_tokens"), **kw,
-        )  # fmt: skip
+        logits_processing = LogitsProcessing(**processing.process_inputs(sm, B, device))
+        if processed_logprobs:  # the logprobs read the processed rows: materialise them
+            target_logits = process_logits(
+                target_logits, drafts, cu, **logits_processing._asdict()
+            )  # fmt: skip
+            logits_processing = None
 
     temperature = top_k = top_p = seeds = offsets = None
     if not sm.all_greedy:
@@ -384,17 +402,12 @@ def verify(
         top_p=top_p,
         seeds=seeds,
         offsets=offsets,
+        processing=logits_processing,  # None, or verified in one pass (CPU) / two ops
     )
     logprobs = None
-    if sm.max_num_logprobs is not None:  # top-N >= 0 in one of the four modes (unsupported_reason)
-        if rejection_sampler is None:
-            from vllm.v1.sample.sampler import Sampler
-
-            sampler = Sampler()  # vLLM's default mode, raw_logprobs
-        else:
-            sampler = rejection_sampler.sampler
+    if sampler is not None:  # top-N >= 0 in one of the four modes (unsupported_reason)
         rows = raw_logits
-        if sampler.logprobs_mode in PROCESSED_LOGPROBS_MODES:
+        if processed_logprobs:
             rows = sampled_rows(target_logits.float(), cu, sm)
         logprobs = gather_logprobs(sampler, rows, cu, out.output_token_ids, sm.max_num_logprobs)
     return SamplerOutput(sampled_token_ids=out.output_token_ids, logprobs_tensors=logprobs)
