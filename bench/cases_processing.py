@@ -4,7 +4,11 @@ without it (vLLM 0.33.0's, restated in ``bench/baselines/penalties_torch.py``).
 ``step=process``: the processing alone; ``bare`` is ``process_logits`` with nothing on (a
 copy of the rows: the floor of any processing). ``step=verify``: processing then
 ``rejection_sample`` vs ``rejection_sample`` on the raw rows (``verify``: what every feature
-costs a verify step) and vs the torch processing then ``rejection_sample``. ``features=all``:
+costs a verify step) and vs the torch processing then ``rejection_sample``.
+``step=fused`` / ``fused-sampled``: ``rejection_sample(..., processing=...)`` (greedy; or
+temperature 0.8, top-p 0.9) vs ``verify`` (the same sampling on the raw rows), ``two_ops``
+(``process_logits`` then ``rejection_sample``) and ``torch`` (the torch processing then
+``rejection_sample``). ``features=all``:
 repetition, frequency and presence penalties, 8 logit-bias entries, an allowed-token mask,
 4 bad words, min_tokens with 2 stop tokens; ``features=neutral``: penalties 1, 0, 0 only.
 Histories are real text (``bench/data.py``), half prompt, half output; ``k = 4``.
@@ -19,7 +23,7 @@ import torch
 from bench import data
 from bench.baselines.penalties_torch import process_logits_torch
 from bench.harness import OP, Case
-from specdec_kernels.ops import process_logits, rejection_sample, token_bitmask
+from specdec_kernels.ops import LogitsProcessing, process_logits, rejection_sample, token_bitmask
 
 OP_NAME = "process_logits"
 K = 4
@@ -34,16 +38,25 @@ SPECS += [
     {"B": 256, "V": 32000, "L": 1024, "features": "all", "step": s} for s in ("process", "verify")
 ]
 SPECS += [{"B": 8, "V": 32000, "L": 32768, "features": "all", "step": "process"}]
+# verification with the processing inside (issue 20's "within 1.5x of verification without")
+SPECS += [
+    {"B": b, "V": v, "L": 1024, "features": "all", "step": s}
+    for s, v, b in itertools.product(("fused", "fused-sampled"), (32000, 151936), (1, 8, 64))
+]
+SPECS += [{"B": 256, "V": 32000, "L": 1024, "features": "all", "step": "fused"}]
+SPECS += [{"B": b, "V": 32000, "L": 1024, "features": "neutral", "step": "fused"} for b in (1, 8)]
+SPECS += [{"B": 8, "V": 32000, "L": 32768, "features": "all", "step": "fused"}]
 QUICK_SPECS = [
     {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
-    for f, s in (("all", "process"), ("all", "verify"), ("neutral", "process"))
+    for f, s in (("all", "process"), ("all", "verify"), ("neutral", "process"), ("all", "fused"),
+                 ("all", "fused-sampled"))  # fmt: skip
 ]
-BASELINES = ["torch", "bare", "verify"]
+BASELINES = ["torch", "bare", "verify", "two_ops"]
 
 
-def _inputs(B: int, V: int, L: int, features: str) -> tuple[dict, dict]:
+def _inputs(B: int, V: int, L: int, features: str, mode: str = "greedy") -> tuple[dict, dict]:
     """The op's arguments and, per verify row, the baseline's."""
-    inp = data.verify_logits(B, K, V)
+    inp = data.verify_logits(B, K, V, mode=mode)
     token_ids, num_tokens = data.ngram_histories(B, L)
     token_ids = token_ids % V
     prompt = torch.full((B,), L // 2, dtype=torch.int32)
@@ -123,6 +136,8 @@ def build(spec: dict) -> Case:
 
     if step == "process":
         impls = {OP: processed, "torch": torch_processed, "bare": lambda: process_logits(*args)}
+    elif step.startswith("fused"):
+        return _fused_case(spec)
     else:
         impls = {
             OP: lambda: verify(processed()),
@@ -140,6 +155,42 @@ def build(spec: dict) -> Case:
         share = float(masked.float().mean())
         return (f"op == torch processing to 1e-6 ({share:.1%} of entries masked), greedy "
                 "verification identical")  # fmt: skip
+
+    return Case(OP_NAME, dict(spec), impls, check, bytes_moved(B, V, L))
+
+
+def _fused_case(spec: dict) -> Case:
+    B, V, L, features, step = (spec[n] for n in ("B", "V", "L", "features", "step"))
+    mode = "onehot" if step == "fused-sampled" else "greedy"
+    op, base = _inputs(B, V, L, features, mode)
+    logits, drafts, cu = (op[n] for n in ("target_logits", "draft_token_ids",
+                                          "cu_num_draft_tokens"))  # fmt: skip
+    processing = LogitsProcessing(op["token_ids"], op["num_tokens"], op["num_prompt_tokens"],
+                                  **op["kw"])  # fmt: skip
+    kw = dict(num_speculative_tokens=K)
+    if mode == "onehot":
+        kw.update(temperature=torch.full((B,), 0.8), top_p=torch.full((B,), 0.9),
+                  seeds=op["seeds"], offsets=op["offsets"])  # fmt: skip
+
+    def verify(rows, **more):
+        return rejection_sample(rows, drafts, cu, **kw, **more)
+
+    def two_ops():
+        return verify(process_logits(logits, drafts, cu, **processing._asdict()))
+
+    impls = {
+        OP: lambda: verify(logits, processing=processing),
+        "verify": lambda: verify(logits),
+        "two_ops": two_ops,
+        "torch": lambda: verify(process_logits_torch(logits, **base)),
+    }
+
+    def check() -> str:
+        got, want = impls[OP](), two_ops()
+        assert torch.equal(got.output_token_ids, want.output_token_ids), "tokens differ"
+        assert torch.equal(got.num_emitted, want.num_emitted), "emitted counts differ"
+        mean = float(got.num_emitted.float().mean())
+        return f"tokens identical to process_logits + rejection_sample ({mean:.2f} emitted)"
 
     return Case(OP_NAME, dict(spec), impls, check, bytes_moved(B, V, L))
 

@@ -122,6 +122,15 @@ def token_bitmask(allowed: torch.Tensor) -> torch.Tensor:
 def _per_request(name, t, dtype, shape, what, device):
     if t is None:
         return None
+    if (  # the common case in a few attribute reads (ten of these per call)
+        type(t) is torch.Tensor
+        and t.dtype is dtype
+        and t.dim() == len(shape)
+        and t.device == device
+        and all(s is None or s == n for s, n in zip(shape, t.shape, strict=True))
+        and t.is_contiguous()
+    ):
+        return t
     t = check_tensor(name, t, dtype=dtype, ndim=len(shape), device=device)
     got = tuple(t.shape)
     want = tuple(s if s is not None else got[i] for i, s in enumerate(shape))
