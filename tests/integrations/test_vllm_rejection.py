@@ -394,13 +394,10 @@ def fallback_cases(B, V, drafts):
     return {
         "min_p": dict(logitsprocs=LogitsProcessors([min_p_processor([1])])),
         "min_tokens with structured output": dict(logitsprocs=LogitsProcessors([structured])),
-        "logprob_token_ids": dict(logprob_token_ids={0: [1, 2]}),
     }
 
 
-@pytest.mark.parametrize(
-    "case", ["min_p", "min_tokens with structured output", "logprob_token_ids"]
-)
+@pytest.mark.parametrize("case", ["min_p", "min_tokens with structured output"])
 def test_features_the_op_lacks_fall_back_to_vllm(case, caplog, monkeypatch):
     drafts, logits = greedy_batch(7)
     B, V = len(drafts), logits.shape[1]
@@ -426,6 +423,34 @@ def test_features_the_op_lacks_fall_back_to_vllm(case, caplog, monkeypatch):
     assert len(notes) == 1 and case in notes[0].message
 
 
+def test_logprob_token_ids_are_ignored_as_vllms_sampler_ignores_them(monkeypatch):
+    # vLLM 0.33.0's rejection sampler returns no logprobs for logprob_token_ids alone (its
+    # tokens as without them), and raises on a batch that also asks for logprobs = N
+    drafts, logits = greedy_batch(7)
+    B, V = len(drafts), logits.shape[1]
+    md = spec_metadata(drafts)
+    sm = replace(sampling_metadata(B, V, temperature=[0.0, 0.9] * (B // 2)),
+                 logprob_token_ids={0: [1, 2]})  # fmt: skip
+    assert plugin.install()
+    sampler = RejectionSampler(Sampler())
+    torch.manual_seed(3)
+    want = VLLM_FORWARD(RejectionSampler(Sampler()), md, None, logits.clone(), sm)
+    torch.manual_seed(3)
+    calls = []
+    verify = plugin.verify
+    monkeypatch.setattr(plugin, "verify", lambda *a: calls.append(1) or verify(*a))
+    got = sampler(md, None, logits.clone(), sm)
+    assert calls == [1] and got.logprobs_tensors is None and want.logprobs_tensors is None
+    greedy = torch.tensor([0, 1] * (B // 2)) == 0
+    assert torch.equal(got.sampled_token_ids[greedy], want.sampled_token_ids[greedy])
+    both = replace(sm, max_num_logprobs=1)
+    with pytest.raises(RuntimeError, match="shape mismatch"):  # vLLM's own error
+        VLLM_FORWARD(RejectionSampler(Sampler()), md, None, logits.clone(), both)
+    with pytest.raises(RuntimeError, match="shape mismatch"):  # handed to vLLM: the same
+        sampler(md, None, logits.clone(), both)
+    assert calls == [1]
+
+
 def test_each_unsupported_feature_is_named():
     drafts, logits = greedy_batch(7)
     B, V = len(drafts), logits.shape[1]
@@ -445,7 +470,10 @@ def test_each_unsupported_feature_is_named():
     future = RejectionSampler(Sampler())
     future.sampler.logprobs_mode = "future_mode"  # a mode vLLM 0.33.0 does not have
     assert reason(sampler=future, max_num_logprobs=2) == "logprobs in the 'future_mode' mode"
-    assert reason(logprob_token_ids={0: [1]}) == "logprob_token_ids"
+    assert reason(logprob_token_ids={0: [1]}) is None  # ignored, as vLLM's sampler does
+    assert reason(logprob_token_ids={0: [1]}, max_num_logprobs=1) == (
+        "logprob_token_ids with logprobs"
+    )
     # mapped onto process_logits: no reason
     assert reason(no_penalties=False) is None
     assert reason(bad_words_token_ids={0: [[1]]}) is None

@@ -164,7 +164,9 @@ def unsupported_reason(
     The batch falls back as a whole when any request uses a feature that this library does
     not implement as vLLM does: an active min-p or custom logits processor, ``min_tokens``
     on a request with structured output (vLLM then unmasks the stop tokens of a row that
-    would have no token left), a thinking-token budget, ``logprob_token_ids``,
+    would have no token left), a thinking-token budget, ``logprob_token_ids`` together with
+    ``max_num_logprobs`` (vLLM 0.33.0's rejection sampler raises there; alone they are
+    ignored, by it and here),
     full-vocabulary logprobs, a ``logprobs_mode`` not among vLLM 0.33.0's four or processed
     with logit bias or ``min_tokens`` (rows that vLLM processes otherwise, see below), vLLM's
     synthetic or FLy acceptance modes, a sampler that is not vLLM's plain ``Sampler``, a
@@ -210,8 +212,11 @@ def unsupported_reason(
         or draft_probs.shape[1] != logits.shape[1]
     ):
         return f"draft_probs {draft_probs.dtype} {tuple(draft_probs.shape)}"
-    if sm.logprob_token_ids:
-        return "logprob_token_ids"
+    if sm.logprob_token_ids and sm.max_num_logprobs is not None:
+        # vLLM's rejection sampler raises on this batch (its bonus Sampler returns the
+        # specific ids' values where it expects full rows); alone, it ignores the ids
+        # (tokens as without them, no logprobs), and so does verify
+        return "logprob_token_ids with logprobs"
     if sm.max_num_logprobs is not None:
         mode = rejection_sampler.sampler.logprobs_mode
         if mode not in LOGPROBS_MODES:
