@@ -451,6 +451,18 @@ def test_logprob_token_ids_are_ignored_as_vllms_sampler_ignores_them(monkeypatch
     assert calls == [1]
 
 
+def test_full_vocabulary_logprobs_go_to_vllm_which_refuses_them(monkeypatch):
+    # vLLM 0.33.0's rejection sampler takes topk(-1) of each row for max_num_logprobs = -1
+    drafts, logits = greedy_batch(7)
+    md = spec_metadata(drafts)
+    sm = replace(sampling_metadata(len(drafts), logits.shape[1]), max_num_logprobs=-1)
+    assert plugin.install()
+    monkeypatch.setattr(plugin, "verify", lambda *a: pytest.fail("verified by the plugin"))
+    for sampler_forward in (VLLM_FORWARD, RejectionSampler.forward):
+        with pytest.raises(RuntimeError, match="k out of range"):
+            sampler_forward(RejectionSampler(Sampler()), md, None, logits.clone(), sm)
+
+
 def test_each_unsupported_feature_is_named():
     drafts, logits = greedy_batch(7)
     B, V = len(drafts), logits.shape[1]

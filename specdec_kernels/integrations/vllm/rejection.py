@@ -166,9 +166,9 @@ def unsupported_reason(
     on a request with structured output (vLLM then unmasks the stop tokens of a row that
     would have no token left), a thinking-token budget, ``logprob_token_ids`` together with
     ``max_num_logprobs`` (vLLM 0.33.0's rejection sampler raises there; alone they are
-    ignored, by it and here),
-    full-vocabulary logprobs, a ``logprobs_mode`` not among vLLM 0.33.0's four or processed
-    with logit bias or ``min_tokens`` (rows that vLLM processes otherwise, see below), vLLM's
+    ignored, by it and here), full-vocabulary logprobs (it raises on them too), a
+    ``logprobs_mode`` not among vLLM 0.33.0's four or processed with logit bias or
+    ``min_tokens`` (rows that vLLM processes otherwise, see below), vLLM's
     synthetic or FLy acceptance modes, a sampler that is not vLLM's plain ``Sampler``, a
     device other than CPU/CUDA (ROCm included), logits not fp32/bf16/fp16, or
     ``draft_probs`` of another vocabulary. Penalties, bad words,
