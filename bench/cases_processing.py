@@ -48,8 +48,13 @@ SPECS += [{"B": b, "V": 32000, "L": 1024, "features": "neutral", "step": "fused"
 SPECS += [{"B": 8, "V": 32000, "L": 32768, "features": "all", "step": "fused"}]
 QUICK_SPECS = [
     {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
-    for f, s in (("all", "process"), ("all", "verify"), ("neutral", "process"), ("all", "fused"),
-                 ("all", "fused-sampled"))  # fmt: skip
+    for f, s in (
+        ("all", "process"),
+        ("all", "verify"),
+        ("neutral", "process"),
+        ("all", "fused"),
+        ("all", "fused-sampled"),
+    )  # fmt: skip
 ]
 BASELINES = ["torch", "bare", "verify", "two_ops"]
 
