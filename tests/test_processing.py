@@ -756,3 +756,19 @@ def test_greedy_shortcut_named_cases(name):
     fused, two = verify_both(a, num_speculative_tokens=0)
     assert same_result(fused, two)
     assert fused.output_token_ids.tolist() == [[want]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(3))
+def test_gpu_verification_with_processing_equals_the_cpu_route(seed):
+    # on CUDA tensors the two ops run in turn (Triton); greedy: the CPU kernel's tokens
+    a = accepted_drafts(random_args(seed, V=64), 3)
+    cuda = {n: t.cuda() if isinstance(t, torch.Tensor) else t for n, t in a.items()}
+    kw = dict(num_speculative_tokens=3, return_logprobs=True)
+    rows = ("target_logits", "draft_token_ids", "cu_num_draft_tokens")
+    want = rejection_sample(*(a[n] for n in rows), processing=processing_of(a), **kw)
+    got = rejection_sample(*(cuda[n] for n in rows), processing=processing_of(cuda), **kw)
+    assert torch.equal(got.output_token_ids.cpu(), want.output_token_ids)
+    assert torch.equal(got.num_emitted.cpu(), want.num_emitted)
+    live = torch.arange(4)[None, :] < want.num_emitted[:, None]
+    torch.testing.assert_close(got.logprobs.cpu()[live], want.logprobs[live], rtol=1e-5, atol=1e-5)

@@ -165,6 +165,20 @@ def count_draft(pt, r, L, pen, nu, drafts, lo, j, counts, uniq, V):
 
 
 @jit
+def _penalised(v, cnt, rb, fb, pb):
+    """Logit ``v`` of a token with count ``cnt`` (``counts``' encoding) after the
+    repetition, frequency and presence penalties (the contract's fp32 operations)."""
+    n = cnt & (PROMPT_BIT - 1)
+    if rb != 1.0:
+        v = v / rb if v > 0 else v * rb
+    if n > 0 and fb != 0.0:
+        v = v - fb * np.float32(n)
+    if n > 0 and pb != 0.0:
+        v = v - pb
+    return v
+
+
+@jit
 def process_row(pt, b, r, L, P, pen, nu, drafts, lo, j, x, counts, uniq, masked, words):
     """Process ``x`` (request ``b``'s row ``j``, copied by :func:`copy_row` with the row's
     mask ``words`` if ``masked``) in place, after :func:`request_start` and
@@ -184,15 +198,7 @@ def process_row(pt, b, r, L, P, pen, nu, drafts, lo, j, x, counts, uniq, masked,
         rb, fb, pb = rp[b], fp[b], pp[b]
         for u in range(nu):
             t = uniq[u]
-            n = counts[t] & (PROMPT_BIT - 1)
-            v = x[t]
-            if rb != 1.0:
-                v = v / rb if v > 0 else v * rb
-            if n > 0 and fb != 0.0:
-                v = v - fb * np.float32(n)
-            if n > 0 and pb != 0.0:
-                v = v - pb
-            x[t] = v
+            x[t] = _penalised(x[t], counts[t], rb, fb, pb)
     if masked:
         for m in range(bias_ids.shape[1]):
             t = bias_ids[b, m]
@@ -245,14 +251,7 @@ def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, t):
         if bias_ids[b, m] == t:
             v = v + bias_values[b, m]
     if pen and counts[t] != 0:
-        rb, fb, pb = rp[b], fp[b], pp[b]
-        n = counts[t] & (PROMPT_BIT - 1)
-        if rb != 1.0:
-            v = v / rb if v > 0 else v * rb
-        if n > 0 and fb != 0.0:
-            v = v - fb * np.float32(n)
-        if n > 0 and pb != 0.0:
-            v = v - pb
+        v = _penalised(v, counts[t], rp[b], fp[b], pp[b])
     if not _mask_bit(pt, b, g, t):
         return NEG_INF
     n_out = L - P
