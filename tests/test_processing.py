@@ -738,6 +738,10 @@ SHORTCUT_CASES = {
         [0.0, 3.0, 0.0, 3.5], dict(presence_penalty=torch.tensor([-0.75])), 1),
     "bias-ties-a-lower-id-which-wins": ([0.0, 1.0, 0.0, 3.0], bias(0, 3.0), 0),
     "bias-ties-a-higher-id-which-loses": ([0.0, 3.0, 0.0, 1.0], bias(3, 2.0), 1),
+    "bias-ties-a-lower-id-with-decreasing-penalties-on": (
+        [0.0, 1.0, 0.0, 3.0], dict(bias(0, 3.0), repetition_penalty=torch.tensor([1.5])), 0),
+    "bias-raises-a-seen-token-past-its-penalty": (
+        [0.0, 2.0, 0.0, 3.0], dict(bias(1, 4.0), repetition_penalty=torch.tensor([1.5])), 1),
     "bias-on-a-banned-id-stays-banned": (
         [0.0, 1.0, 0.0, 3.0], dict(bias(2, 9.0), bad_word_ids=i32([[[2]]])), 3),
     "bias-on-a-masked-id-stays-masked": (
@@ -772,3 +776,16 @@ def test_gpu_verification_with_processing_equals_the_cpu_route(seed):
     assert torch.equal(got.num_emitted.cpu(), want.num_emitted)
     live = torch.arange(4)[None, :] < want.num_emitted[:, None]
     torch.testing.assert_close(got.logprobs.cpu()[live], want.logprobs[live], rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_shortcut_counts_the_drafts_before_the_row():
+    # row 1's raw argmax is d_0, in no history: with a penalty it is a seen token there
+    a = dict(BASE, target_logits=torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 3.0]] * 2),
+             draft_token_ids=i32([5]), cu_num_draft_tokens=i32([0, 1]),
+             token_ids=i32([[2, 1, 1]]), num_tokens=i32([3]), num_prompt_tokens=i32([1]),
+             req_indices=None, **dict.fromkeys(FEATURES))  # fmt: skip
+    a["target_logits"][1, 4] = 2.0  # 5 penalised by 2: 1.5, below 4's 2.0
+    a["repetition_penalty"] = torch.tensor([2.0])
+    fused, two = verify_both(a, num_speculative_tokens=1)
+    assert same_result(fused, two)
+    assert fused.output_token_ids.tolist() == [[5, 4]]

@@ -122,10 +122,11 @@ def _past(drafts, lo, j, token_ids, r, L, q):
 
 
 @jit
-def request_start(pt, b, V, counts, uniq):
+def request_start(pt, b, V, counts, uniq, count):
     """Request ``b``'s processing state: ``(r, L, P, pen, nu)`` (its state row, -1 for
     padding; its history and prompt lengths; whether its penalties are on; the number of
-    distinct tokens counted into ``counts`` / ``uniq``). ``pt``: the :data:`TENSORS` tuple."""
+    distinct tokens counted into ``counts`` / ``uniq``: its history if ``count`` and
+    ``pen``, else none yet). ``pt``: the :data:`TENSORS` tuple."""
     token_ids, num_tokens, num_prompt, req, has_req = pt[0], pt[1], pt[2], pt[3], pt[4]
     rp, fp, pp, has_pen = pt[5], pt[6], pt[7], pt[8]
     R, L_max = token_ids.shape
@@ -136,18 +137,51 @@ def request_start(pt, b, V, counts, uniq):
     P = np.int64(min(max(num_prompt[r], 0), L))
     pen = has_pen and (rp[b] != 1.0 or fp[b] != 0.0 or pp[b] != 0.0)
     nu = np.int64(0)
-    if pen:
-        for i in range(L):
-            t = token_ids[r, i]
-            if 0 <= t < V:
-                if counts[t] == 0:
-                    uniq[nu] = t
-                    nu += 1
-                if i < P:
-                    counts[t] |= PROMPT_BIT
-                else:
-                    counts[t] += 1
+    if pen and count:
+        nu = count_upto(pt, r, L, P, V, counts, uniq, NONE_I32, 0, 0)
     return r, L, P, pen, nu
+
+
+@jit
+def count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j):
+    """Count the history of state row ``r`` (``L`` tokens, the first ``P`` the prompt)
+    and the drafts ``d_0 .. d_{j-1}`` (output tokens) into ``counts`` / ``uniq`` (empty
+    before); returns ``nu``."""
+    token_ids = pt[0]
+    nu = np.int64(0)
+    for i in range(L):
+        t = token_ids[r, i]
+        if 0 <= t < V:
+            if counts[t] == 0:
+                uniq[nu] = t
+                nu += 1
+            if i < P:
+                counts[t] |= PROMPT_BIT
+            else:
+                counts[t] += 1
+    for q in range(j):
+        f = lo + q
+        d = drafts[f] if 0 <= f < drafts.shape[0] else -1
+        if 0 <= d < V:
+            if counts[d] == 0:
+                uniq[nu] = d
+                nu += 1
+            counts[d] += 1
+    return nu
+
+
+@jit
+def _seen(pt, r, L, drafts, lo, j, t):
+    """Whether token ``t`` is in state row ``r``'s history or among the drafts ``d_0 ..
+    d_{j-1}`` (one comparison pass, which vectorises)."""
+    row = pt[0][r]
+    hits = 0
+    for i in range(L):
+        hits += row[i] == t
+    for q in range(j):
+        f = lo + q
+        hits += 0 <= f < drafts.shape[0] and drafts[f] == t
+    return hits > 0
 
 
 @jit
@@ -240,16 +274,24 @@ def _mask_bit(pt, b, g, t):
 
 
 @jit
-def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, t):
-    """Entry ``t`` of the row :func:`process_row` would leave (same operations, same
-    order), computed alone."""
-    token_ids, rp, fp, pp = pt[0], pt[5], pt[6], pt[7]
+def _biased(l32, l16, bf16, g, pt, b, t):
+    """Entry ``t`` of row ``g`` after request ``b``'s logit bias (:func:`process_row`'s
+    first step, same operations, same order)."""
     bias_ids, bias_values = pt[9], pt[10]
-    bad, min_tok, stops, has_min = pt[15], pt[16], pt[17], pt[18]
     v = as_float32(l16[g, t]) if bf16 else l32[g, t]
     for m in range(bias_ids.shape[1]):
         if bias_ids[b, m] == t:
             v = v + bias_values[b, m]
+    return v
+
+
+@jit
+def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, t):
+    """Entry ``t`` of the row :func:`process_row` would leave (same operations, same
+    order), computed alone."""
+    token_ids, rp, fp, pp = pt[0], pt[5], pt[6], pt[7]
+    bad, min_tok, stops, has_min = pt[15], pt[16], pt[17], pt[18]
+    v = _biased(l32, l16, bf16, g, pt, b, t)
     if pen and counts[t] != 0:
         v = _penalised(v, counts[t], rp[b], fp[b], pp[b])
     if not _mask_bit(pt, b, g, t):
@@ -276,12 +318,10 @@ def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, t):
 
 
 @jit
-def _named(pt, b, pen, counts, t):
-    """Whether :func:`process_row` may change entry ``t`` of request ``b``'s rows beyond its
-    mask: a bias id, a counted token, a bad word's last token, a stop token."""
+def _named(pt, b, t):
+    """Whether :func:`process_row` names ``t`` for request ``b`` other than as a counted
+    token: a bias id, a bad word's last token, a stop token."""
     bias_ids, bad, stops, has_min = pt[9], pt[15], pt[17], pt[18]
-    if pen and counts[t] != 0:
-        return True
     for m in range(bias_ids.shape[1]):
         if bias_ids[b, m] == t:
             return True
@@ -298,44 +338,61 @@ def _named(pt, b, pen, counts, t):
 
 
 @jit
-def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, drafts, lo, j, prow, counts,
-                     uniq, words, buf):  # fmt: skip
+def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts, lo, j, prow,
+                     counts, uniq, words, buf):  # fmt: skip
     """``argmax`` (``cpu/sampling.py``'s: NaN as ``-inf``, ties to the lowest id) of
-    request ``b``'s row ``j`` (row ``g``) as :func:`process_row` would leave it, after
-    :func:`count_draft`; ``prow`` (fp32 ``[1, V]``) is scratch.
+    request ``b``'s row ``j`` (row ``g``) as :func:`process_row` would leave it; ``prow``
+    (fp32 ``[1, V]``) is scratch. ``counted``: whether ``counts`` holds the history and the
+    drafts before the row; if not, they are counted here when the row needs them. Returns
+    ``(token, nu, counted)``.
 
-    Usually without processing the row. Let ``t`` be the raw row's argmax (the pass plain
-    verification makes), allowed by the mask and not named (:func:`_named`): its entry is
-    unchanged, and every other entry the processing leaves alone is at most it, and equal
-    only at a higher id; so the processed argmax is ``t`` or one of the ids the processing
-    raises above its raw value. Those are the bias ids, and the counted tokens when a
-    penalty can raise a logit (``repetition_penalty < 1``, a negative frequency or presence
-    penalty; else a penalty never raises one, in fp32 too, rounding being monotonic): each
-    is computed alone (:func:`_value_at`). Otherwise (``t`` masked or named, or no entry
-    above ``-inf``) the row is processed into ``prow`` and its argmax taken."""
+    Usually without processing the row or counting the history. Let ``t`` be the raw row's
+    argmax (the pass plain verification makes), allowed by the mask, not a bias id, bad
+    word's last token or stop token (:func:`_named`), and not in the history or the drafts
+    before the row (one comparison pass): its entry is unchanged, and every other entry
+    the processing leaves alone is at most it, and equal only at a higher id; so the
+    processed argmax is ``t`` or one of the ids the processing raises above its raw value.
+    Those are the bias ids, and the counted tokens when a penalty can raise a logit
+    (``repetition_penalty < 1``, a negative frequency or presence penalty); otherwise a
+    penalty never raises one (in fp32 too, rounding being monotonic), so a bias id whose
+    biased value is below ``t``'s is passed over. The others are computed alone
+    (:func:`_value_at`). Otherwise (``t`` masked, named or seen, or no entry above
+    ``-inf``) the row is processed into ``prow`` and its argmax taken."""
     V = prow.shape[1]
     t = argmax(l32, l16, bf16, g, V, buf)
     m = as_float32(l16[g, t]) if bf16 else l32[g, t]
-    if m > NEG_INF and _mask_bit(pt, b, g, t) and not _named(pt, b, pen, counts, t):
+    raising = pen and (pt[5][b] < 1.0 or pt[6][b] < 0.0 or pt[7][b] < 0.0)
+    fast = m > NEG_INF and _mask_bit(pt, b, g, t) and not _named(pt, b, t)
+    if fast and pen:
+        fast = counts[t] == 0 if counted else not _seen(pt, r, L, drafts, lo, j, t)
+    if fast:
         tok = t
         bias_ids = pt[9]
         for k in range(bias_ids.shape[1]):
             c = bias_ids[b, k]
-            if 0 <= c < V:
-                v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, c)
-                if v > m or (v == m and c < tok):
-                    m, tok = v, c
-        if pen and (pt[5][b] < 1.0 or pt[6][b] < 0.0 or pt[7][b] < 0.0):
-            for u in range(nu):
-                c = uniq[u]
-                v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, c)
-                if v > m or (v == m and c < tok):
-                    m, tok = v, c
-        return tok
+            if not 0 <= c < V:
+                continue
+            if not raising and _biased(l32, l16, bf16, g, pt, b, c) < m:
+                continue  # at most its biased value: below t's
+            if pen and not counted:
+                nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True
+            v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, c)
+            if v > m or (v == m and c < tok):
+                m, tok = v, c
+        if raising and not counted:
+            nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True
+        for u in range(nu if raising else 0):
+            c = uniq[u]
+            v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, c)
+            if v > m or (v == m and c < tok):
+                m, tok = v, c
+        return tok, nu, counted
+    if pen and not counted:
+        nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True
     masked = row_words(pt, b, g, words)
     copy_row(l32, l16, bf16, g, prow[0], masked, words)
     process_row(pt, b, r, L, P, pen, nu, drafts, lo, j, prow[0], counts, uniq, masked, words)
-    return argmax(prow, l16, False, 0, V, buf)
+    return argmax(prow, l16, False, 0, V, buf), nu, counted
 
 
 FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
@@ -400,7 +457,7 @@ def _process(l32, l16, bf16, drafts, cu, pt, out, counts, uniq, words):
     B = cu.shape[0] - 1
     copied = np.zeros(n_rows, dtype=np.bool_)
     for b in range(B):
-        r, L, P, pen, nu = request_start(pt, b, V, counts, uniq)
+        r, L, P, pen, nu = request_start(pt, b, V, counts, uniq, True)
         if r < 0:
             continue  # a padding row keeps its logits (copied below)
         lo = cu[b]

@@ -163,20 +163,24 @@ def _reject(
         T = temp[b] if has_temp else np.float32(0.0)
         emitted = 0
         r, L, P, pen, nu = np.int64(-1), np.int64(0), np.int64(0), False, np.int64(0)
+        lazy = T == 0.0 and not lp_on  # greedy rows count the history only if they must
         if proc:
-            r, L, P, pen, nu = request_start(pt, b, V, counts, uniq)
+            r, L, P, pen, nu = request_start(pt, b, V, counts, uniq, not lazy)
+        counted = not lazy
         for j in range(kb + 1):
             g = cu[b] + b + j  # the target row verifying d_j (the bonus row at j = kb)
             if g < 0 or g >= rows:
                 break
             s32, s_bf16, sg = l32, l_bf16, g  # the row verification reads
-            direct = r >= 0 and T == 0.0 and not lp_on
+            direct = r >= 0 and lazy
             tok = -1
-            if r >= 0:
+            if r >= 0 and counted:
                 nu = count_draft(pt, r, L, pen, nu, drafts, cu[b], j, counts, uniq, V)
             if direct:  # greedy: the processed row's argmax, usually without processing it
-                tok = processed_argmax(l32, l16, l_bf16, g, pt, b, r, L, P, pen, nu, drafts,
-                                       cu[b], j, prow, counts, uniq, words, buf)  # fmt: skip
+                tok, nu, counted = processed_argmax(
+                    l32, l16, l_bf16, g, pt, b, r, L, P, pen, nu, counted, drafts, cu[b], j,
+                    prow, counts, uniq, words, buf,
+                )  # fmt: skip
             elif r >= 0:  # processed: row g in fp32 in prow[0], then processed there
                 masked = row_words(pt, b, g, words)
                 copy_row(l32, l16, l_bf16, g, prow[0], masked, words)
