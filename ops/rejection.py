@@ -243,6 +243,14 @@ def rejection_sample(
     >>> out.output_token_ids.tolist(), out.num_emitted.tolist()  # d_0 kept, d_1 -> 4
     ([[2, 4, -1]], [2])
     """
+    proc_checks = proc = None
+    if processing is not None:  # process_logits' checks first, as if it ran first
+        if not isinstance(processing, LogitsProcessing):
+            raise ValueError(
+                f"processing must be a LogitsProcessing, got {type(processing).__name__}"
+            )
+        proc_checks, proc = prepare(target_logits, draft_token_ids, cu_num_draft_tokens,
+                                    **processing._asdict(), validate=validate)  # fmt: skip
     target_logits = check_tensor("target_logits", target_logits, dtype=LOGIT_DTYPES, ndim=2)
     device = target_logits.device
     draft_token_ids = check_tensor(
@@ -306,13 +314,7 @@ def rejection_sample(
     draft_token_ids, cu = draft_token_ids.contiguous(), cu.contiguous()
     # int32 for the kernels; negatives stay negative, so the CPU kernel's checks refuse them
     top_k = None if top_k is None else top_k.clamp(min=-1, max=2**31 - 1).to(torch.int32)
-    if processing is not None:
-        if not isinstance(processing, LogitsProcessing):
-            raise ValueError(
-                f"processing must be a LogitsProcessing, got {type(processing).__name__}"
-            )
-        proc_checks, proc = prepare(target_logits, draft_token_ids, cu,
-                                    **processing._asdict(), validate=validate)  # fmt: skip
+    if proc is not None:
         kwargs = dict(target_logits=target_logits, draft_token_ids=draft_token_ids,
                       cu_num_draft_tokens=cu, draft_probs=draft_probs, temperature=temperature,
                       top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, offsets=offsets,

@@ -671,7 +671,10 @@ def test_the_routes_agree():
     assert same_result(compiled(*rows), direct)
 
 
-PROCESSING_ERRORS = [(kw, m) for kw, m in ERRORS if "target_logits" not in kw]
+PROCESSING_ERRORS = [
+    *ERRORS,  # process_logits' checks run first: its messages, also where both ops check
+    (dict(cu_num_draft_tokens=torch.zeros(0, dtype=I32)), r"got \(0,\)$"),
+]
 
 
 @pytest.mark.parametrize("kw,match", PROCESSING_ERRORS, ids=[m for _, m in PROCESSING_ERRORS])
