@@ -40,9 +40,9 @@ class RejectionOutput(NamedTuple):
     num_emitted: torch.Tensor
     """int32 ``[B]``: tokens emitted by request ``b`` (accepted drafts + 1), in ``[1, k_b+1]``."""
     logprobs: torch.Tensor | None
-    """float32 ``[B, k+1]``: log-softmax of the raw fp32 target logits at each emitted
-    token (exact for logits of any finite magnitude), 0 past ``num_emitted[b]``; ``None``
-    unless ``return_logprobs=True``."""
+    """float32 ``[B, k+1]``: log-softmax of the fp32 target logits (the processed ones with
+    ``processing``) at each emitted token (exact for logits of any finite magnitude), 0
+    past ``num_emitted[b]``; ``None`` unless ``return_logprobs=True``."""
 
 
 def sampling_offsets(
@@ -208,6 +208,9 @@ def rejection_sample(
         Required with ``seeds``.
     return_logprobs : bool
         Also return the log-probabilities of the emitted tokens.
+    processing : LogitsProcessing, optional
+        Verify the rows :func:`process_logits` would return, bit for bit, with its checks
+        (on plain CPU tensors in one kernel that processes only the rows it reads).
     validate : bool, optional
         Run the value checks (see Raises). Default: only for CPU tensors. Never while
         compiling or capturing a CUDA graph.
@@ -217,9 +220,10 @@ def rejection_sample(
     RejectionOutput
         ``output_token_ids`` int32 ``[B, k+1]`` (accepted drafts, then the token of the
         first row that is not accepted, then -1), ``num_emitted`` int32 ``[B]`` (accepted
-        + 1), ``logprobs`` float32 ``[B, k+1]`` (log-softmax of the raw fp32 target logits
-        at each emitted token, computed as ``(l - max l) - log(sum exp(l - max l))``, so to
-        float rounding for logits of any finite magnitude; 0 in the padding) or ``None``;
+        + 1), ``logprobs`` float32 ``[B, k+1]`` (log-softmax of the fp32 target logits,
+        processed with ``processing``, at each emitted token, computed as ``(l - max l) -
+        log(sum exp(l - max l))``, so to float rounding for logits of any finite
+        magnitude; 0 in the padding) or ``None``;
         on the device of ``target_logits``.
 
     Raises
@@ -232,7 +236,7 @@ def rejection_sample(
         without ``seeds``. With value checks: ``cu[0] != 0``, ``cu`` not
         non-decreasing, ``k_b > k``, ``cu[B] > len(draft_token_ids)``, ``draft_probs``
         with fewer than ``N`` rows, ``temperature`` negative or not finite, ``top_k < 0``,
-        ``top_p`` outside ``(0, 1]``, ``min_p`` outside ``[0, 1]``.
+        ``top_p`` outside ``(0, 1]``, ``min_p`` outside ``[0, 1]``; what ``process_logits`` refuses.
 
     Examples
     --------

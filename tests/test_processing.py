@@ -667,8 +667,43 @@ def test_the_routes_agree():
     with torch.device("cpu"):  # a torch function mode: the ops go through the dispatcher
         dispatched = rejection_sample(*rows, **kw)
     assert same_result(direct, dispatched)
-    compiled = torch.compile(lambda *r: rejection_sample(*r, **kw), fullgraph=False)
+    compiled = torch.compile(lambda *r: rejection_sample(*r, **kw), backend="aot_eager",
+                             fullgraph=True)  # fmt: skip
     assert same_result(compiled(*rows), direct)
+
+
+def test_plain_cpu_tensors_take_the_one_kernel_route(monkeypatch):
+    # else every "fused" comparison above would compare the two ops with themselves
+    from specdec_kernels.cpu import rejection as cpu_rejection
+
+    calls = []
+    kernel = cpu_rejection.rejection_sample_processed
+    monkeypatch.setattr(cpu_rejection, "rejection_sample_processed",
+                        lambda *a, **kw: calls.append(1) or kernel(*a, **kw))  # fmt: skip
+    a = random_args(1)
+    rows = (a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"])
+    rejection_sample(*rows, num_speculative_tokens=3, processing=processing_of(a))
+    assert calls == [1]
+    with torch.device("cpu"):
+        rejection_sample(*rows, num_speculative_tokens=3, processing=processing_of(a))
+    assert calls == [1]  # a mode: the two ops
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["process_logits", "fused"])
+def test_masked_ids_stay_minus_inf_whatever_the_penalties(fused):
+    # a negative frequency penalty of -3e38 on a token seen twice overflows to +inf; the
+    # mask still makes it -inf (not NaN): the mask's place in the order does not matter
+    a = dict(BASE, target_logits=torch.tensor([[0.0, 1.0, 2.0, 3.0]]),
+             draft_token_ids=torch.zeros(0, dtype=I32), cu_num_draft_tokens=i32([0, 0]),
+             token_ids=i32([[2, 1, 1]]), num_tokens=i32([3]), num_prompt_tokens=i32([1]),
+             req_indices=None, **dict.fromkeys(FEATURES))  # fmt: skip
+    a.update(frequency_penalty=torch.tensor([-3e38]), repetition_penalty=torch.ones(1),
+             presence_penalty=torch.zeros(1), allowed_token_mask=bits([[0, 2, 3]], 4))  # fmt: skip
+    names = ("target_logits", "draft_token_ids", "cu_num_draft_tokens")
+    rows = process_logits(*(a[n] for n in names), **processing_of(a)._asdict())
+    assert same(rows, run("reference", a)) and rows[0, 1] == NEG
+    fused_out, two = verify_both(a, num_speculative_tokens=0, return_logprobs=True)
+    assert same_result(fused_out, two)
 
 
 PROCESSING_ERRORS = [
@@ -699,7 +734,7 @@ def test_the_kernel_refuses_exactly_what_the_wrappers_refuse(seed):
     # two ops' (in Python) raise the same ValueError, or neither does
     g = torch.Generator().manual_seed(seed)
     a = random_args(seed)
-    pick = int(torch.randint(0, 9, (1,), generator=g))
+    pick = int(torch.randint(0, 10, (1,), generator=g))
     bad = {
         0: ("req_indices", lambda t: t.index_fill(0, torch.tensor([0]), 7 + seed % 3)),
         1: ("num_tokens", lambda t: t.index_fill(0, torch.tensor([seed % 7]), 15)),
@@ -710,6 +745,7 @@ def test_the_kernel_refuses_exactly_what_the_wrappers_refuse(seed):
         6: ("logit_bias_ids", lambda t: t.index_fill(1, torch.tensor([1]), -2 + 47 * (seed % 2))),
         7: ("stop_token_ids", lambda t: t.index_fill(1, torch.tensor([0]), 45)),
         8: ("min_tokens", lambda t: t.index_fill(0, torch.tensor([seed % 5]), -(seed % 2))),
+        9: ("presence_penalty", lambda t: t.index_fill(0, torch.tensor([3]), float("-inf"))),
     }[pick]
     a[bad[0]] = bad[1](a[bad[0]])
     rows = (a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"])
@@ -792,3 +828,43 @@ def test_greedy_shortcut_counts_the_drafts_before_the_row():
     fused, two = verify_both(a, num_speculative_tokens=1)
     assert same_result(fused, two)
     assert fused.output_token_ids.tolist() == [[5, 4]]
+
+
+_UNCHECKED_FUSED = r"""
+import torch
+from specdec_kernels.ops import LogitsProcessing, rejection_sample
+I32 = torch.int32
+g = torch.Generator().manual_seed(0)
+for trial in range(300):
+    V = int(torch.randint(1, 70, (1,), generator=g))
+    logits = torch.randn(6, V, generator=g)
+    ids = lambda *shape: torch.randint(-5, V + 5, shape, generator=g, dtype=I32)  # noqa: E731
+    W = (V + 31) // 32
+    words = lambda n: torch.randint(-2**31, 2**31, (n, W), generator=g).to(I32)  # noqa: E731
+    proc = LogitsProcessing(
+        ids(3, 5), torch.randint(-3, 9, (3,), generator=g, dtype=I32),
+        torch.randint(-3, 9, (3,), generator=g, dtype=I32), req_indices=ids(2) % 5 - 1,
+        repetition_penalty=torch.randn(2, generator=g),
+        frequency_penalty=torch.randn(2, generator=g),
+        presence_penalty=torch.randn(2, generator=g), logit_bias_ids=ids(2, 3),
+        logit_bias_values=torch.randn(2, 3, generator=g),
+        allowed_token_mask=words(2), grammar_mask=words(6),
+        bad_word_ids=ids(2, 2, 3), min_tokens=ids(2), stop_token_ids=ids(2, 2),
+    )
+    cu = torch.tensor([0, int(torch.randint(-2, 5, (1,), generator=g)), 3], dtype=I32)
+    out = rejection_sample(logits, ids(4), cu, num_speculative_tokens=2, processing=proc,
+                           validate=False)
+    assert out.output_token_ids.shape == (2, 3)
+print("ok")
+"""
+
+
+def test_unchecked_values_stay_inside_the_arrays_with_processing(tmp_path):
+    # validate=False with garbage everywhere (lengths, ids, rows, cu): the one-kernel route
+    # clamps and skips, with numba's bounds checks on (its own cache)
+    env = dict(os.environ, NUMBA_BOUNDSCHECK="1", NUMBA_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", _UNCHECKED_FUSED], env=env, capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]

@@ -186,8 +186,8 @@ def _seen(pt, r, L, drafts, lo, j, t):
 
 @jit
 def count_draft(pt, r, L, pen, nu, drafts, lo, j, counts, uniq, V):
-    """Before request ``b``'s row ``j`` (after its row ``j - 1``): count the draft
-    ``d_{j-1}`` as an output token; returns the new ``nu``."""
+    """Before a request's row ``j`` (after its row ``j - 1``; state row ``r``): count the
+    draft ``d_{j-1}`` as an output token; returns the new ``nu``."""
     if pen and j > 0:
         d = _past(drafts, lo, j, pt[0], r, L, 0)
         if 0 <= d < V:
@@ -219,7 +219,7 @@ def process_row(pt, b, r, L, P, pen, nu, drafts, lo, j, x, counts, uniq, masked,
     :func:`count_draft` for rows ``0 .. j``. The bias and the penalties change only ids
     they name; those that the mask clears are set to ``-inf`` again after them, so every
     entry is what the order of the contract (bias, penalties, masks, bans) gives, whatever
-    the values. Writes only the ids of :func:`_named`."""
+    the values. Writes only the counted tokens and the ids of :func:`_named`."""
     token_ids, rp, fp, pp = pt[0], pt[5], pt[6], pt[7]
     bias_ids, bias_values = pt[9], pt[10]
     bad, min_tok, stops, has_min = pt[15], pt[16], pt[17], pt[18]
@@ -346,23 +346,23 @@ def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts
     drafts before the row; if not, they are counted here when the row needs them. Returns
     ``(token, nu, counted)``.
 
-    Usually without processing the row or counting the history. Let ``t`` be the raw row's
-    argmax (the pass plain verification makes), allowed by the mask, not a bias id, bad
-    word's last token or stop token (:func:`_named`), and not in the history or the drafts
-    before the row (one comparison pass): its entry is unchanged, and every other entry
-    the processing leaves alone is at most it, and equal only at a higher id; so the
-    processed argmax is ``t`` or one of the ids the processing raises above its raw value.
-    Those are the bias ids, and the counted tokens when a penalty can raise a logit
-    (``repetition_penalty < 1``, a negative frequency or presence penalty); otherwise a
-    penalty never raises one (in fp32 too, rounding being monotonic), so a bias id whose
-    biased value is below ``t``'s is passed over. The others are computed alone
-    (:func:`_value_at`). Otherwise (``t`` masked, named or seen, or no entry above
-    ``-inf``) the row is processed into ``prow`` and its argmax taken."""
+    Usually without processing the row or counting the history. Let no penalty be able to
+    raise a logit (``repetition_penalty >= 1``, frequency and presence penalties ``>= 0``,
+    or no penalty; a penalty then never raises one, in fp32 too, rounding being
+    monotonic), and let ``t``, the raw row's argmax (the pass plain verification makes), be
+    allowed by the mask, not a bias id, bad word's last token or stop token
+    (:func:`_named`) and, with a penalty on, not in the history or the drafts before the
+    row (one comparison pass). Then ``t``'s entry is unchanged, every other entry is at
+    most its raw value plus its bias, and the entries the processing leaves alone are at
+    most ``t``'s and equal only at higher ids; so the processed argmax is ``t`` or a bias
+    id whose biased value reaches ``t``'s, each computed alone (:func:`_value_at`).
+    Otherwise (a penalty that can raise a logit, ``t`` masked, named or seen, or no entry
+    above ``-inf``) the row is processed into ``prow`` and its argmax taken."""
     V = prow.shape[1]
     t = argmax(l32, l16, bf16, g, V, buf)
     m = as_float32(l16[g, t]) if bf16 else l32[g, t]
     raising = pen and (pt[5][b] < 1.0 or pt[6][b] < 0.0 or pt[7][b] < 0.0)
-    fast = m > NEG_INF and _mask_bit(pt, b, g, t) and not _named(pt, b, t)
+    fast = not raising and m > NEG_INF and _mask_bit(pt, b, g, t) and not _named(pt, b, t)
     if fast and pen:
         fast = counts[t] == 0 if counted else not _seen(pt, r, L, drafts, lo, j, t)
     if fast:
@@ -370,19 +370,10 @@ def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts
         bias_ids = pt[9]
         for k in range(bias_ids.shape[1]):
             c = bias_ids[b, k]
-            if not 0 <= c < V:
-                continue
-            if not raising and _biased(l32, l16, bf16, g, pt, b, c) < m:
+            if not 0 <= c < V or _biased(l32, l16, bf16, g, pt, b, c) < m:
                 continue  # at most its biased value: below t's
             if pen and not counted:
                 nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True
-            v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, c)
-            if v > m or (v == m and c < tok):
-                m, tok = v, c
-        if raising and not counted:
-            nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True
-        for u in range(nu if raising else 0):
-            c = uniq[u]
             v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, c)
             if v > m or (v == m and c < tok):
                 m, tok = v, c

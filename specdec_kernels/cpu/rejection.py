@@ -32,6 +32,7 @@ from specdec_kernels.cpu._jit import (
 )
 from specdec_kernels.cpu.logprobs import value_of
 from specdec_kernels.cpu.processing import (
+    FLOAT32_MAX,
     NONE_TENSORS,
     buffers,
     copy_row,
@@ -58,7 +59,6 @@ from specdec_kernels.cpu.sampling import (
     threshold,
 )
 
-FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 INT32_MAX = np.int32(2**31 - 1)
 
 
@@ -167,12 +167,12 @@ def _reject(
         if proc:
             r, L, P, pen, nu = request_start(pt, b, V, counts, uniq, not lazy)
         counted = not lazy
+        direct = r >= 0 and lazy
         for j in range(kb + 1):
             g = cu[b] + b + j  # the target row verifying d_j (the bonus row at j = kb)
             if g < 0 or g >= rows:
                 break
             s32, s_bf16, sg = l32, l_bf16, g  # the row verification reads
-            direct = r >= 0 and lazy
             tok = -1
             if r >= 0 and counted:
                 nu = count_draft(pt, r, L, pen, nu, drafts, cu[b], j, counts, uniq, V)
