@@ -11,8 +11,8 @@ list. Bias and penalties then change only the ids they name (those the mask clea
 set to ``-inf`` again); bad words compare their prefix with the last output tokens (drafts
 first); min_tokens bans the stop tokens while the row's output count is below it. Rows of
 padding requests and past the batch are copied at the end. ``rejection_sample(...,
-processing=...)`` runs the same row functions on the rows it verifies
-(``cpu/rejection.py``). Contract: ``docs/design.md``, "``process_logits``"."""
+processing=...)`` runs the same row functions (``cpu/processing_rows.py``) on the rows it
+verifies (``cpu/rejection.py``). Contract: ``docs/design.md``, "``process_logits``"."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from specdec_kernels.cpu._jit import (
     NONE_I32,
     NONE_I32_2D,
     NONE_I32_3D,
-    as_float32,
     float_rows,
     jit,
     np_,
@@ -33,11 +32,16 @@ from specdec_kernels.cpu._jit import (
     outputs,
     zeroed_i32,
 )
-from specdec_kernels.cpu.sampling import argmax
+from specdec_kernels.cpu.processing_rows import (
+    copy_row,
+    count_draft,
+    process_row,
+    request_end,
+    request_start,
+    row_words,
+)
 
-PROMPT_BIT = np.int32(1 << 30)
-"""Bit of a count that says "seen in the prompt"; the bits below count output occurrences."""
-NEG_INF = np.float32(-np.inf)
+FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 def require_together(repetition_penalty, frequency_penalty, presence_penalty, logit_bias_ids,
@@ -55,338 +59,6 @@ def require_together(repetition_penalty, frequency_penalty, presence_penalty, lo
         given = [t is not None for t in tensors]
         if any(given) and not all(given):
             raise ValueError(f"specdec::process_logits takes {names} together")
-
-
-BIT = (np.int64(1) << np.arange(32)).astype(np.uint32).view(np.int32)
-"""``BIT[t]``: the int32 with only bit ``t`` set (a table instead of a variable shift, which
-numba guards with a branch that stops a loop vectorising)."""
-
-
-@jit
-def _allowed(words, t):
-    """Whether bit ``t % 32`` of ``words[t // 32]`` is set."""
-    return (words[t >> 5] & BIT[t & 31]) != 0
-
-
-@jit
-def row_words(pt, b, g, words):
-    """Row ``g``'s mask (request ``b``'s allowed tokens AND the row's grammar mask) into
-    ``words`` (int32 ``[ceil(V / 32)]``); False (``words`` untouched) if neither is on."""
-    allowed, has_allowed, grammar, has_grammar = pt[11], pt[12], pt[13], pt[14]
-    has_grammar = has_grammar and g < grammar.shape[0]  # (more rows: unchecked values)
-    if not (has_allowed or has_grammar):
-        return False
-    for w in range(words.shape[0]):
-        a = allowed[b, w] if has_allowed else np.int32(-1)
-        words[w] = a & grammar[g, w] if has_grammar else a
-    return True
-
-
-@jit
-def copy_row(l32, l16, bf16, g, x, masked, words):
-    """Row ``g`` of the logits, widened to fp32, into ``x``; with ``masked``, ``-inf`` where
-    the bit of ``words`` is clear (in the same pass: a select on every lane, 32 lanes per
-    word, which vectorises; unpacking the mask first measured 8x the whole copy)."""
-    V = x.shape[0]
-    if not masked:  # element loops (numba's slice assignment measured 3.6x slower), one per
-        if bf16:  # dtype (a select between the two per element does not vectorise)
-            for i in range(V):
-                x[i] = as_float32(l16[g, i])
-        else:
-            for i in range(V):
-                x[i] = l32[g, i]
-        return
-    full = V >> 5
-    for w in range(full):
-        word, base = words[w], w << 5
-        if bf16:
-            for t in range(32):
-                v = as_float32(l16[g, base + t])
-                x[base + t] = v if (word & BIT[t]) != 0 else NEG_INF
-        else:
-            for t in range(32):
-                v = l32[g, base + t]
-                x[base + t] = v if (word & BIT[t]) != 0 else NEG_INF
-    for i in range(full << 5, V):
-        v = as_float32(l16[g, i]) if bf16 else l32[g, i]
-        x[i] = v if _allowed(words, i) else NEG_INF
-
-
-@jit
-def _past(drafts, lo, j, token_ids, r, L, q):
-    """The output token ``q`` places before row ``j``'s position (drafts first)."""
-    if q < j:
-        f = lo + j - 1 - q
-        return drafts[f] if 0 <= f < drafts.shape[0] else -1
-    return token_ids[r, L - 1 - (q - j)]
-
-
-@jit
-def request_start(pt, b, V, counts, uniq, count):
-    """Request ``b``'s processing state: ``(r, L, P, pen, nu)`` (its state row, -1 for
-    padding; its history and prompt lengths; whether its penalties are on; the number of
-    distinct tokens counted into ``counts`` / ``uniq``: its history if ``count`` and
-    ``pen``, else none yet). ``pt``: the :data:`TENSORS` tuple."""
-    token_ids, num_tokens, num_prompt, req, has_req = pt[0], pt[1], pt[2], pt[3], pt[4]
-    rp, fp, pp, has_pen = pt[5], pt[6], pt[7], pt[8]
-    R, L_max = token_ids.shape
-    r = np.int64(req[b]) if has_req else np.int64(b)
-    if r < 0 or r >= R:
-        return np.int64(-1), np.int64(0), np.int64(0), False, np.int64(0)
-    L = np.int64(min(max(num_tokens[r], 0), L_max))
-    P = np.int64(min(max(num_prompt[r], 0), L))
-    pen = has_pen and (rp[b] != 1.0 or fp[b] != 0.0 or pp[b] != 0.0)
-    nu = np.int64(0)
-    if pen and count:
-        nu = count_upto(pt, r, L, P, V, counts, uniq, NONE_I32, 0, 0)
-    return r, L, P, pen, nu
-
-
-@jit
-def count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j):
-    """Count the history of state row ``r`` (``L`` tokens, the first ``P`` the prompt)
-    and the drafts ``d_0 .. d_{j-1}`` (output tokens) into ``counts`` / ``uniq`` (empty
-    before); returns ``nu``."""
-    token_ids = pt[0]
-    nu = np.int64(0)
-    for i in range(L):
-        t = token_ids[r, i]
-        if 0 <= t < V:
-            if counts[t] == 0:
-                uniq[nu] = t
-                nu += 1
-            if i < P:
-                counts[t] |= PROMPT_BIT
-            else:
-                counts[t] += 1
-    for q in range(j):
-        f = lo + q
-        d = drafts[f] if 0 <= f < drafts.shape[0] else -1
-        if 0 <= d < V:
-            if counts[d] == 0:
-                uniq[nu] = d
-                nu += 1
-            counts[d] += 1
-    return nu
-
-
-@jit
-def _seen(pt, r, L, drafts, lo, j, t):
-    """Whether token ``t`` is in state row ``r``'s history or among the drafts ``d_0 ..
-    d_{j-1}`` (one comparison pass, which vectorises)."""
-    row = pt[0][r]
-    hits = 0
-    for i in range(L):
-        hits += row[i] == t
-    for q in range(j):
-        f = lo + q
-        hits += 0 <= f < drafts.shape[0] and drafts[f] == t
-    return hits > 0
-
-
-@jit
-def count_draft(pt, r, L, pen, nu, drafts, lo, j, counts, uniq, V):
-    """Before a request's row ``j`` (after its row ``j - 1``; state row ``r``): count the
-    draft ``d_{j-1}`` as an output token; returns the new ``nu``."""
-    if pen and j > 0:
-        d = _past(drafts, lo, j, pt[0], r, L, 0)
-        if 0 <= d < V:
-            if counts[d] == 0:
-                uniq[nu] = d
-                nu += 1
-            counts[d] += 1
-    return nu
-
-
-@jit
-def _penalised(v, cnt, rb, fb, pb):
-    """Logit ``v`` of a token with count ``cnt`` (``counts``' encoding) after the
-    repetition, frequency and presence penalties (the contract's fp32 operations)."""
-    n = cnt & (PROMPT_BIT - 1)
-    if rb != 1.0:
-        v = v / rb if v > 0 else v * rb
-    if n > 0 and fb != 0.0:
-        v = v - fb * np.float32(n)
-    if n > 0 and pb != 0.0:
-        v = v - pb
-    return v
-
-
-@jit
-def process_row(pt, b, r, L, P, pen, nu, drafts, lo, j, x, counts, uniq, masked, words):
-    """Process ``x`` (request ``b``'s row ``j``, copied by :func:`copy_row` with the row's
-    mask ``words`` if ``masked``) in place, after :func:`request_start` and
-    :func:`count_draft` for rows ``0 .. j``. The bias and the penalties change only ids
-    they name; those that the mask clears are set to ``-inf`` again after them, so every
-    entry is what the order of the contract (bias, penalties, masks, bans) gives, whatever
-    the values. Writes only the counted tokens and the ids of :func:`_named`."""
-    token_ids, rp, fp, pp = pt[0], pt[5], pt[6], pt[7]
-    bias_ids, bias_values = pt[9], pt[10]
-    bad, min_tok, stops, has_min = pt[15], pt[16], pt[17], pt[18]
-    V = x.shape[0]
-    for m in range(bias_ids.shape[1]):
-        t = bias_ids[b, m]
-        if 0 <= t < V:
-            x[t] = x[t] + bias_values[b, m]
-    if pen:
-        rb, fb, pb = rp[b], fp[b], pp[b]
-        for u in range(nu):
-            t = uniq[u]
-            x[t] = _penalised(x[t], counts[t], rb, fb, pb)
-    if masked:
-        for m in range(bias_ids.shape[1]):
-            t = bias_ids[b, m]
-            if 0 <= t < V and not _allowed(words, t):
-                x[t] = NEG_INF
-        for u in range(nu if pen else 0):
-            if not _allowed(words, uniq[u]):
-                x[uniq[u]] = NEG_INF
-    n_out = L - P
-    for s in range(bad.shape[1]):
-        n_w = 0
-        while n_w < bad.shape[2] and bad[b, s, n_w] >= 0:
-            n_w += 1
-        if n_w == 0 or n_w - 1 > n_out + j:
-            continue
-        match = True
-        for q in range(n_w - 1):  # the prefix, from its end backwards
-            if _past(drafts, lo, j, token_ids, r, L, q) != bad[b, s, n_w - 2 - q]:
-                match = False
-                break
-        if match and bad[b, s, n_w - 1] < V:
-            x[bad[b, s, n_w - 1]] = NEG_INF
-    if has_min and n_out + j < min_tok[b]:
-        for s in range(stops.shape[1]):
-            if 0 <= stops[b, s] < V:
-                x[stops[b, s]] = NEG_INF
-
-
-@jit
-def _mask_bit(pt, b, g, t):
-    """Whether row ``g`` (request ``b``) allows token ``t``: its allowed-token and grammar
-    bits (:func:`row_words` for one token)."""
-    allowed, has_allowed, grammar, has_grammar = pt[11], pt[12], pt[13], pt[14]
-    if has_allowed and (allowed[b, t >> 5] & BIT[t & 31]) == 0:
-        return False
-    if has_grammar and g < grammar.shape[0] and (grammar[g, t >> 5] & BIT[t & 31]) == 0:
-        return False
-    return True
-
-
-@jit
-def _biased(l32, l16, bf16, g, pt, b, t):
-    """Entry ``t`` of row ``g`` after request ``b``'s logit bias (:func:`process_row`'s
-    first step, same operations, same order)."""
-    bias_ids, bias_values = pt[9], pt[10]
-    v = as_float32(l16[g, t]) if bf16 else l32[g, t]
-    for m in range(bias_ids.shape[1]):
-        if bias_ids[b, m] == t:
-            v = v + bias_values[b, m]
-    return v
-
-
-@jit
-def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, t):
-    """Entry ``t`` of the row :func:`process_row` would leave (same operations, same
-    order), computed alone."""
-    token_ids, rp, fp, pp = pt[0], pt[5], pt[6], pt[7]
-    bad, min_tok, stops, has_min = pt[15], pt[16], pt[17], pt[18]
-    v = _biased(l32, l16, bf16, g, pt, b, t)
-    if pen and counts[t] != 0:
-        v = _penalised(v, counts[t], rp[b], fp[b], pp[b])
-    if not _mask_bit(pt, b, g, t):
-        return NEG_INF
-    n_out = L - P
-    for s in range(bad.shape[1]):
-        n_w = 0
-        while n_w < bad.shape[2] and bad[b, s, n_w] >= 0:
-            n_w += 1
-        if n_w == 0 or bad[b, s, n_w - 1] != t or n_w - 1 > n_out + j:
-            continue
-        match = True
-        for q in range(n_w - 1):
-            if _past(drafts, lo, j, token_ids, r, L, q) != bad[b, s, n_w - 2 - q]:
-                match = False
-                break
-        if match:
-            return NEG_INF
-    if has_min and n_out + j < min_tok[b]:
-        for s in range(stops.shape[1]):
-            if stops[b, s] == t:
-                return NEG_INF
-    return v
-
-
-@jit
-def _named(pt, b, t):
-    """Whether :func:`process_row` names ``t`` for request ``b`` other than as a counted
-    token: a bias id, a bad word's last token, a stop token."""
-    bias_ids, bad, stops, has_min = pt[9], pt[15], pt[17], pt[18]
-    for m in range(bias_ids.shape[1]):
-        if bias_ids[b, m] == t:
-            return True
-    for s in range(bad.shape[1]):
-        n_w = 0
-        while n_w < bad.shape[2] and bad[b, s, n_w] >= 0:
-            n_w += 1
-        if n_w > 0 and bad[b, s, n_w - 1] == t:
-            return True
-    for s in range(stops.shape[1] if has_min else 0):
-        if stops[b, s] == t:
-            return True
-    return False
-
-
-@jit
-def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts, lo, j, prow,
-                     counts, uniq, words, buf):  # fmt: skip
-    """``argmax`` (``cpu/sampling.py``'s: NaN as ``-inf``, ties to the lowest id) of
-    request ``b``'s row ``j`` (row ``g``) as :func:`process_row` would leave it; ``prow``
-    (fp32 ``[1, V]``) is scratch. ``counted``: whether ``counts`` holds the history and the
-    drafts before the row; if not, they are counted here when the row needs them. Returns
-    ``(token, nu, counted)``.
-
-    Usually without processing the row or counting the history. Let no penalty be able to
-    raise a logit (``repetition_penalty >= 1``, frequency and presence penalties ``>= 0``,
-    or no penalty; a penalty then never raises one, in fp32 too, rounding being
-    monotonic), and let ``t``, the raw row's argmax (the pass plain verification makes), be
-    allowed by the mask, not a bias id, bad word's last token or stop token
-    (:func:`_named`) and, with a penalty on, not in the history or the drafts before the
-    row (one comparison pass). Then ``t``'s entry is unchanged, every other entry is at
-    most its raw value plus its bias, and the entries the processing leaves alone are at
-    most ``t``'s and equal only at higher ids; so the processed argmax is ``t`` or a bias
-    id whose biased value reaches ``t``'s, each computed alone (:func:`_value_at`).
-    Otherwise (a penalty that can raise a logit, ``t`` masked, named or seen, or no entry
-    above ``-inf``) the row is processed into ``prow`` and its argmax taken."""
-    V = prow.shape[1]
-    t = argmax(l32, l16, bf16, g, V, buf)
-    m = as_float32(l16[g, t]) if bf16 else l32[g, t]
-    raising = pen and (pt[5][b] < 1.0 or pt[6][b] < 0.0 or pt[7][b] < 0.0)
-    fast = not raising and m > NEG_INF and _mask_bit(pt, b, g, t) and not _named(pt, b, t)
-    if fast and pen:
-        fast = counts[t] == 0 if counted else not _seen(pt, r, L, drafts, lo, j, t)
-    if fast:
-        tok = t
-        bias_ids = pt[9]
-        for k in range(bias_ids.shape[1]):
-            c = bias_ids[b, k]
-            if not 0 <= c < V or _biased(l32, l16, bf16, g, pt, b, c) < m:
-                continue  # at most its biased value: below t's
-            if pen and not counted:
-                nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True
-            v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, c)
-            if v > m or (v == m and c < tok):
-                m, tok = v, c
-        return tok, nu, counted
-    if pen and not counted:
-        nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True
-    masked = row_words(pt, b, g, words)
-    copy_row(l32, l16, bf16, g, prow[0], masked, words)
-    process_row(pt, b, r, L, P, pen, nu, drafts, lo, j, prow[0], counts, uniq, masked, words)
-    return argmax(prow, l16, False, 0, V, buf), nu, counted
-
-
-FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 @jit
@@ -433,13 +105,6 @@ def values_ok(pt, B, V):
         if pt[16][b] < 0:
             return False
     return True
-
-
-@jit
-def request_end(counts, uniq, nu):
-    """Zero the counts of the request's distinct tokens again (the buffer is reused)."""
-    for u in range(nu):
-        counts[uniq[u]] = 0
 
 
 @jit

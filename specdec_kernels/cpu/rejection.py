@@ -31,20 +31,17 @@ from specdec_kernels.cpu._jit import (
     scratch,
 )
 from specdec_kernels.cpu.logprobs import value_of
-from specdec_kernels.cpu.processing import (
-    FLOAT32_MAX,
-    NONE_TENSORS,
-    buffers,
+from specdec_kernels.cpu.processed_argmax import processed_argmax
+from specdec_kernels.cpu.processing import FLOAT32_MAX, NONE_TENSORS, buffers, tensors
+from specdec_kernels.cpu.processing import values_ok as processing_values_ok
+from specdec_kernels.cpu.processing_rows import (
     copy_row,
     count_draft,
     process_row,
-    processed_argmax,
     request_end,
     request_start,
     row_words,
-    tensors,
 )
-from specdec_kernels.cpu.processing import values_ok as processing_values_ok
 from specdec_kernels.cpu.sampling import (
     BLOCK,
     argmax,
