@@ -119,12 +119,19 @@ def count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j):
                 counts[t] += 1
     for q in range(j):
         f = lo + q
-        d = drafts[f] if 0 <= f < drafts.shape[0] else -1
-        if 0 <= d < V:
-            if counts[d] == 0:
-                uniq[nu] = d
-                nu += 1
-            counts[d] += 1
+        nu = _count_output(drafts[f] if 0 <= f < drafts.shape[0] else -1, counts, uniq, nu, V)
+    return nu
+
+
+@jit
+def _count_output(d, counts, uniq, nu, V):
+    """Count token ``d`` (ids outside ``[0, V)``: no token) as one more output occurrence;
+    returns the new ``nu``."""
+    if 0 <= d < V:
+        if counts[d] == 0:
+            uniq[nu] = d
+            nu += 1
+        counts[d] += 1
     return nu
 
 
@@ -147,12 +154,7 @@ def count_draft(pt, r, L, pen, nu, drafts, lo, j, counts, uniq, V):
     """Before a request's row ``j`` (after its row ``j - 1``; state row ``r``): count the
     draft ``d_{j-1}`` as an output token; returns the new ``nu``."""
     if pen and j > 0:
-        d = _past(drafts, lo, j, pt[0], r, L, 0)
-        if 0 <= d < V:
-            if counts[d] == 0:
-                uniq[nu] = d
-                nu += 1
-            counts[d] += 1
+        nu = _count_output(_past(drafts, lo, j, pt[0], r, L, 0), counts, uniq, nu, V)
     return nu
 
 
