@@ -12,10 +12,8 @@ from specdec_kernels.cpu.processing_rows import (
     _past,
     _penalised,
     _seen,
-    copy_row,
     count_upto,
     process_row,
-    row_words,
 )
 from specdec_kernels.cpu.sampling import argmax
 
@@ -139,7 +137,6 @@ def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts
         return tok, nu, counted
     if pen and not counted:
         nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True
-    masked = row_words(pt, b, g, words)
-    copy_row(l32, l16, bf16, g, prow[0], masked, words)
-    process_row(pt, b, r, L, P, pen, nu, drafts, lo, j, prow[0], counts, uniq, masked, words)
+    process_row(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, drafts, lo, j, prow[0], counts,
+                uniq, words)  # fmt: skip
     return argmax(prow, l16, False, 0, V, buf), nu, counted

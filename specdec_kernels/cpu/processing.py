@@ -38,7 +38,6 @@ from specdec_kernels.cpu.processing_rows import (
     process_row,
     request_end,
     request_start,
-    row_words,
 )
 
 FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
@@ -123,11 +122,9 @@ def _process(l32, l16, bf16, drafts, cu, pt, out, counts, uniq, words):
             if g < 0 or g >= n_rows:
                 break
             nu = count_draft(pt, r, L, pen, nu, drafts, lo, j, counts, uniq, V)
-            masked = row_words(pt, b, g, words)
-            copy_row(l32, l16, bf16, g, out[g], masked, words)
+            process_row(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, drafts, lo, j, out[g],
+                        counts, uniq, words)  # fmt: skip
             copied[g] = True
-            process_row(pt, b, r, L, P, pen, nu, drafts, lo, j, out[g], counts, uniq, masked,
-                        words)  # fmt: skip
         request_end(counts, uniq, nu)
     for g in range(n_rows):
         if not copied[g]:

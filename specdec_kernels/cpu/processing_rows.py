@@ -173,13 +173,24 @@ def _penalised(v, cnt, rb, fb, pb):
 
 
 @jit
-def process_row(pt, b, r, L, P, pen, nu, drafts, lo, j, x, counts, uniq, masked, words):
-    """Process ``x`` (request ``b``'s row ``j``, copied by :func:`copy_row` with the row's
-    mask ``words`` if ``masked``) in place, after :func:`request_start` and
-    :func:`count_draft` for rows ``0 .. j``. The bias and the penalties change only ids
-    they name; those that the mask clears are set to ``-inf`` again after them, so every
-    entry is what the order of the contract (bias, penalties, masks, bans) gives, whatever
-    the values. Writes only the counted tokens and the ids of :func:`_named`."""
+def process_row(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, drafts, lo, j, x, counts, uniq,
+                words):  # fmt: skip
+    """Row ``g`` (request ``b``'s row ``j``) processed into ``x`` (fp32 ``[V]``): copied
+    with its mask (:func:`row_words`, :func:`copy_row`), then the sparse steps, after
+    :func:`request_start` and :func:`count_draft` (or :func:`count_upto`) for rows ``0 ..
+    j``. ``words``: scratch for the mask."""
+    masked = row_words(pt, b, g, words)
+    copy_row(l32, l16, bf16, g, x, masked, words)
+    _sparse_steps(pt, b, r, L, P, pen, nu, drafts, lo, j, x, counts, uniq, masked, words)
+
+
+@jit
+def _sparse_steps(pt, b, r, L, P, pen, nu, drafts, lo, j, x, counts, uniq, masked, words):
+    """The steps of :func:`process_row` after the copy, on ``x`` in place. The bias and the
+    penalties change only ids they name; those that the mask clears are set to ``-inf``
+    again after them, so every entry is what the order of the contract (bias, penalties,
+    masks, bans) gives, whatever the values. Writes only the counted tokens, the bias ids,
+    the bad words' last tokens and the stop tokens."""
     token_ids, rp, fp, pp = pt[0], pt[5], pt[6], pt[7]
     bias_ids, bias_values = pt[9], pt[10]
     bad, min_tok, stops, has_min = pt[15], pt[16], pt[17], pt[18]

@@ -35,12 +35,10 @@ from specdec_kernels.cpu.processed_argmax import processed_argmax
 from specdec_kernels.cpu.processing import FLOAT32_MAX, NONE_TENSORS, buffers, tensors
 from specdec_kernels.cpu.processing import values_ok as processing_values_ok
 from specdec_kernels.cpu.processing_rows import (
-    copy_row,
     count_draft,
     process_row,
     request_end,
     request_start,
-    row_words,
 )
 from specdec_kernels.cpu.sampling import (
     BLOCK,
@@ -179,10 +177,8 @@ def _reject(
                     prow, counts, uniq, words, buf,
                 )  # fmt: skip
             elif r >= 0:  # processed: row g in fp32 in prow[0], then processed there
-                masked = row_words(pt, b, g, words)
-                copy_row(l32, l16, l_bf16, g, prow[0], masked, words)
-                process_row(pt, b, r, L, P, pen, nu, drafts, cu[b], j, prow[0], counts, uniq,
-                            masked, words)  # fmt: skip
+                process_row(l32, l16, l_bf16, g, pt, b, r, L, P, pen, nu, drafts, cu[b], j,
+                            prow[0], counts, uniq, words)  # fmt: skip
                 s32, s_bf16, sg = prow, False, 0
             f = cu[b] + j  # the flat draft index
             x = drafts[f] if j < kb and 0 <= f < n_drafts else -1
