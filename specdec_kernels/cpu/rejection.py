@@ -30,6 +30,7 @@ from specdec_kernels.cpu._jit import (
     outputs,
     scratch,
 )
+from specdec_kernels.cpu.filters import threshold
 from specdec_kernels.cpu.logprobs import value_of
 from specdec_kernels.cpu.processed_argmax import processed_argmax
 from specdec_kernels.cpu.processing import FLOAT32_MAX, NONE_TENSORS, buffers, tensors
@@ -51,7 +52,6 @@ from specdec_kernels.cpu.sampling import (
     raw_log_normaliser,
     row_max,
     row_weights,
-    threshold,
 )
 
 INT32_MAX = np.int32(2**31 - 1)

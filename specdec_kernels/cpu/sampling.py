@@ -296,38 +296,6 @@ def inverse_cdf(w, V, blocks, total, u):
 
 
 @jit
-def threshold(w, V, top_k, top_p, min_p):
-    """The threshold ``t`` of the kept set ``{e >= t}`` (top-k, then top-p, then min-p on the
-    weights ``w[:V]``, max 1); 0 when no filter is on. One sorted copy (top-p) or one
-    partitioned copy (top-k alone) of the weights."""
-    k_on = 0 < top_k < V
-    p_on = top_p < 1.0
-    t = np.float32(0.0)
-    if k_on and not p_on:
-        t = np.partition(w[:V], V - top_k)[V - top_k]
-    elif p_on:
-        s = np.sort(w[:V])[::-1]  # descending
-        if k_on:
-            t = s[top_k - 1]
-        S_k = np.float32(0.0)
-        for i in range(V):
-            if w[i] >= t:
-                S_k += w[i]
-        bound = np.float32(top_p) * S_k
-        above = np.float32(0.0)
-        n_keep = 0
-        for i in range(V):  # kept sorted positions are a prefix: ties share the first's mass
-            if s[i] < t or not above < bound:
-                break
-            n_keep += 1
-            above += s[i]
-        t = max(t, s[max(n_keep - 1, 0)])
-    if min_p > 0.0:
-        t = max(t, np.float32(min_p))
-    return t
-
-
-@jit
 def raw_log_normaliser(f32, u16, bf16, g, V, m, w):
     """``sum exp2((l - m) * log2(e))`` of the raw row (``m`` finite): the log-softmax's
     normaliser is its log. ``w``: ``BLOCK`` entries of scratch."""

@@ -1,0 +1,115 @@
+"""The threshold of the sampling filters (top-k, top-p, min-p) on one row's weights, for the
+CPU path of sampled verification (``cpu/rejection.py``).
+
+The kept set is ``{e >= t}`` for one threshold ``t`` (``docs/design.md``, "Weights"). Top-p
+walks the weights largest first with a float32 running mass and stops once that mass
+reaches the bound; the contract fixes that order, so the walk needs the nucleus in sorted
+order, but only the nucleus. Sorting the whole row (numba's quicksort: ~2.4 ms at
+V = 32000, ~13 ms at V = 151936) cost more than everything else in a sampled row. Here the
+weights are bucketed by their top bits (``bits >> 20``: an eighth of an octave; the order
+of non-negative float32 values is the order of their bits), so one counting pass and one
+scatter pass put them in bucket order, largest bucket first, and the walk sorts only the
+buckets it reaches (large ones by a radix sort of their low 20 bits). The walk, and so
+``t``, is the same as over the fully sorted row: the same values in the same order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec_kernels.cpu._jit import jit
+
+_SHIFT = 20
+_NB = 1024
+"""Buckets of ``bits >> 20``: weights lie in ``[0, 1]`` (bits ``<= 0x3f800000``, so ``<=
+0x3f8``); anything else is clamped into the first or last bucket, which are sorted by
+comparison (their entries need not share their top bits)."""
+_RADIX_MIN = 256
+"""Buckets with more entries than this are sorted by radix (two passes over 10 bits)."""
+
+
+@jit
+def threshold(w, V, top_k, top_p, min_p):
+    """The threshold ``t`` of the kept set ``{e >= t}`` (top-k, then top-p, then min-p on the
+    weights ``w[:V]``, max 1); 0 when no filter is on."""
+    t = np.float32(0.0)
+    if 0 < top_k < V:  # the k-th largest weight
+        t = np.partition(w[:V], V - top_k)[V - top_k]
+    if top_p < 1.0:
+        t = max(t, _nucleus_last(w, V, t, top_p))
+    if min_p > 0.0:
+        t = max(t, np.float32(min_p))
+    return t
+
+
+@jit
+def _bucket(bits):
+    return min(max(bits >> _SHIFT, 0), _NB - 1)
+
+
+@jit
+def _nucleus_last(w, V, t, top_p):
+    """Top-p over the weights ``>= t``: with ``S`` their float32 sum in id order and
+    ``bound = top_p * S``, walk them largest first adding each to a float32 running mass
+    until the mass is ``>= bound`` (ties at the boundary: the first one's mass decides);
+    returns the last weight added (the largest if none was)."""
+    bits = w[:V].view(np.int32)
+    count = np.zeros(_NB, dtype=np.int64)
+    S = np.float32(0.0)
+    for i in range(V):
+        if w[i] >= t:
+            S += w[i]
+            count[_bucket(bits[i])] += 1
+    bound = np.float32(top_p) * S
+    start = np.empty(_NB, dtype=np.int64)  # bucket b at start[b] .. start[b] + count[b] - 1
+    n = 0
+    for b in range(_NB - 1, -1, -1):
+        start[b] = n
+        n += count[b]
+    buf = np.empty(n, dtype=np.float32)
+    fill = start.copy()
+    for i in range(V):
+        if w[i] >= t:
+            b = _bucket(bits[i])
+            buf[fill[b]] = w[i]
+            fill[b] += 1
+    above = np.float32(0.0)
+    last = np.float32(0.0)
+    started = False
+    for b in range(_NB - 1, -1, -1):
+        if count[b] == 0:
+            continue
+        seg = buf[start[b] : start[b] + count[b]]
+        if 0 < b < _NB - 1 and count[b] > _RADIX_MIN:
+            _sort_low_bits(seg)
+        else:
+            seg.sort()
+        if not started:  # nothing added yet: the largest weight
+            last, started = seg[count[b] - 1], True
+        for i in range(count[b] - 1, -1, -1):
+            if not above < bound:
+                return last
+            above += seg[i]
+            last = seg[i]
+    return last
+
+
+@jit
+def _sort_low_bits(seg):
+    """Sort non-negative float32 values that share their ``bits >> 20`` (one bucket), in
+    place: a stable counting sort by bits 0-9, then by bits 10-19."""
+    keys = seg.view(np.int32)
+    n = keys.shape[0]
+    tmp = np.empty(n, dtype=np.int32)
+    src, dst = keys, tmp
+    for shift in (0, 10):  # an even number of passes: the result ends in ``keys``
+        pos = np.zeros(1025, dtype=np.int64)
+        for i in range(n):
+            pos[((src[i] >> shift) & 1023) + 1] += 1
+        for d in range(1024):
+            pos[d + 1] += pos[d]
+        for i in range(n):
+            d = (src[i] >> shift) & 1023
+            dst[pos[d]] = src[i]
+            pos[d] += 1
+        src, dst = dst, src
