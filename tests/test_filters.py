@@ -67,7 +67,7 @@ def rows():
 @pytest.mark.parametrize(
     "top_k,top_p,min_p",
     [(0, 0.9, 0.0), (0, 0.5, 0.0), (0, 0.0, 0.0), (0, 0.999999, 0.0), (50, 0.95, 0.0),
-     (0, 0.9, 0.05), (2, 1.0, 0.0), (0, 1.0, 0.0)],
+     (0, 0.9, 0.05), (2, 1.0, 0.0), (0, 1.0, 0.0), (299, 1.0, 0.0), (1, 1.0, 0.0)],
 )  # fmt: skip
 def test_threshold_equals_the_walk_over_the_sorted_row(name, w, top_k, top_p, min_p):
     f32 = np.float32
@@ -84,7 +84,7 @@ def test_random_rows_and_parameters():
         scale = [0.05, 1.0, 8.0][kind]
         w = weights(rng.standard_normal(V) * scale, float(rng.choice([0.5, 1.0, 2.0])))
         top_k = int(rng.choice([0, 1, 5, V - 1, V]))
-        top_p = float(np.float32(rng.choice([0.1, 0.9, 0.95, rng.random()])))
+        top_p = float(np.float32(rng.choice([0.1, 0.9, 0.95, 1.0, rng.random()])))
         got = filters.threshold(w.copy(), V, top_k, np.float32(top_p), np.float32(0.0))
         want = walk_over_sorted(w, top_k, top_p, 0.0)
         assert np.float32(got).tobytes() == want.tobytes(), (V, top_k, top_p)
