@@ -12,7 +12,11 @@ import itertools
 import torch
 
 from bench import data
-from bench.baselines.rejection_torch import library_uniforms, rejection_sample_torch
+from bench.baselines.rejection_torch import (
+    library_uniforms,
+    rejection_sample_torch,
+    top_p_filter,
+)
 from bench.harness import OP, Case
 from specdec_kernels.ops import rejection_sample
 
@@ -30,6 +34,12 @@ SPECS = [
 # added with the numba CPU path: one request, where a fixed per-call cost shows most
 SPECS += [
     {"B": 1, "V": v, "mode": m, "dtype": d} for m, d, v in itertools.product(MODES, DTYPES, VOCABS)
+]
+# added with the bucketed top-p threshold: sampling with a filter, one-hot drafts (top-p
+# was a sort of every sampled row on the CPU path)
+SPECS += [
+    {"B": b, "V": v, "mode": "onehot", "dtype": "fp32", "top_p": 0.9}
+    for v, b in itertools.product(VOCABS, (1, 8, 64))
 ]
 QUICK_SPECS = [{"B": 2, "V": 1000, "mode": m, "dtype": d} for m in MODES for d in ("fp32", "bf16")]
 BASELINES = ["torch", "softmax"]
@@ -55,17 +65,21 @@ def bytes_moved(B: int, V: int, mode: str, dtype: str) -> int:
     return total + 4 * B * (K + 1) + 4 * B
 
 
-def _check_against_float64(inp: dict, out, sample_u: torch.Tensor) -> int:
+def _check_against_float64(inp: dict, out, sample_u: torch.Tensor, top_p=None) -> int:
     """One-hot drafts: every emitted token is its row's inverse-CDF sample (float64
-    ``softmax(l / T)``, running mass within ``CDF_TOL`` of ``u * total``), and every draft
-    before it equals its row's token. Returns the number of tokens checked."""
+    ``softmax(l / T)``, top-p filtered by ``top_p_filter`` if given, running mass within
+    ``CDF_TOL`` of ``u * total``), and every draft before it equals its row's token.
+    Returns the number of tokens checked."""
     logits, drafts = inp["target_logits"], inp["draft_token_ids"]
     T = inp["temperature"]
     n = 0
     for b in range(out.num_emitted.shape[0]):
         for j in range(int(out.num_emitted[b])):
             tok = int(out.output_token_ids[b, j])
-            cdf = torch.softmax(logits[b * (K + 1) + j].double() / float(T[b]), 0).cumsum(0)
+            p = torch.softmax(logits[b * (K + 1) + j].double() / float(T[b]), 0)
+            if top_p is not None:
+                p = top_p_filter(p[None], top_p[b : b + 1].double())[0]
+            cdf = p.cumsum(0)
             thr = float(sample_u[b, j]) * float(cdf[-1])
             below = float(cdf[tok - 1]) if tok > 0 else 0.0
             assert below - CDF_TOL <= thr <= float(cdf[tok]) + CDF_TOL, (b, j, tok)
@@ -83,6 +97,8 @@ def build(spec: dict) -> Case:
         "draft_probs": inp.get("draft_probs"),
         "temperature": inp.get("temperature"),
     }
+    if "top_p" in spec:
+        base_kw["top_p"] = torch.full((B,), spec["top_p"])
     args = (inp["target_logits"], inp["draft_token_ids"], inp["cu_num_draft_tokens"])
     op_kw = dict(base_kw, seeds=inp.get("seeds"), offsets=inp.get("offsets"))
     gen = torch.Generator().manual_seed(1234)
@@ -108,7 +124,8 @@ def build(spec: dict) -> Case:
             assert frac <= MAX_MISMATCH_FRACTION, f"{frac:.1%} of rows differ from torch"
             how = f"op == torch with the same Philox uniforms on {1 - frac:.0%} of requests"
             if mode == "onehot":
-                n_tok = _check_against_float64(inp, out, uniforms[1])
+                top_p = base_kw.get("top_p")
+                n_tok = _check_against_float64(inp, out, uniforms[1], top_p)
                 how += f"; all {n_tok} op tokens within {CDF_TOL:g} of the float64 inverse CDF"
         mean = float(out.num_emitted.float().mean())
         return f"{how}; {mean:.2f} tokens emitted per request (of {K + 1})"

@@ -10,8 +10,12 @@ Softmax over every target row, then per mode:
   compare with uniforms, build the residual ``max(p - q, 0)`` for every draft row, draw the
   recovered and bonus tokens with ``torch.multinomial``.
 
-Semantics follow ``docs/design.md`` (``rejection_sample``) without top-k/top-p/min-p (the
-benchmark uses plain temperature). For the correctness check the same function runs with
+Semantics follow ``docs/design.md`` (``rejection_sample``) without top-k and min-p; top-p
+(``top_p=``, one-hot drafts only) the way vLLM 0.33.0's torch sampler filters on a CPU:
+sort each row, cumulative mass of the sorted probabilities, drop the tokens whose
+cumulative mass from the smallest up is ``<= 1 - p`` (the largest always stays),
+renormalise (restated, not vLLM's code; ties at the boundary can differ from the
+library's rule, which keeps them together). For the correctness check the same function runs with
 the library's Philox uniforms (``uniforms=``), and inverse-CDF sampling instead of
 ``multinomial``, so its tokens can be compared with ``rejection_sample``'s one for one;
 the timed run draws its own uniforms (``torch.rand`` / ``multinomial``).
@@ -34,6 +38,17 @@ def _layout(cu: torch.Tensor, k: int, n_flat: int, n_rows: int):
     valid = j[None, :k] < counts[:, None]
     row_idx = (cu[:-1, None] + b[:, None] + j[None, :]).clamp(max=n_rows - 1)
     return counts, valid, draft_idx, row_idx
+
+
+def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``probs`` ``[..., V]`` with each row's top-p nucleus kept (see the module docstring),
+    unnormalised; ``top_p`` one value per row."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    sorted_p, order = flat.sort(dim=-1)  # ascending
+    drop = sorted_p.cumsum(dim=-1) <= (1.0 - top_p.reshape(-1, 1))
+    drop[:, -1] = False
+    kept = sorted_p.masked_fill(drop, 0.0)
+    return torch.empty_like(flat).scatter_(1, order, kept).view(probs.shape)
 
 
 def _inverse_cdf(mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -87,6 +102,7 @@ def rejection_sample_torch(
     num_speculative_tokens: int,
     draft_probs: torch.Tensor | None = None,
     temperature: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
     uniforms: tuple[torch.Tensor, torch.Tensor] | None = None,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,6 +135,8 @@ def rejection_sample_torch(
         logits = target_logits[rows].float()  # [B*(k+1), V]
         t = temperature.repeat_interleave(k + 1)[:, None]
         probs = torch.softmax(logits / t, dim=-1).view(B, k + 1, V)
+        if top_p is not None:
+            probs = top_p_filter(probs, top_p.repeat_interleave(k + 1))
         if draft_probs is None:  # coupled verification: every row's own sample
             if uniforms is None:
                 sample_u = torch.rand((B, k + 1), device=device, generator=generator)
