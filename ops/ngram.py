@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.constants import SCORINGS, TIE_BREAKS
+from specdec_kernels.cpu import frequency as _cpu_frequency
 from specdec_kernels.cpu import ngram as _cpu
 from specdec_kernels.ops._library import call, calls_cpu_directly, define, refused
 from specdec_kernels.ops._validation import (
@@ -250,14 +251,18 @@ def ngram_propose(
     if extend_index:
         if index is None:
             raise ValueError("extend_index=True brings an index up to date: pass index=")
+        kw = dict(min_n=min_n, max_n=max_n, num_speculative_tokens=num_speculative_tokens,
+                  max_model_len=max_model_len)  # fmt: skip
         if isinstance(index, NgramIndex):
-            kw = dict(min_n=min_n, max_n=max_n, num_speculative_tokens=num_speculative_tokens,
-                      max_model_len=max_model_len, tie_break=tie_break)  # fmt: skip
-            fused = _extend_and_propose(
-                token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, validate, kw
-            )
-            if fused is not None:
-                return fused
+            kw["tie_break"] = tie_break
+        else:
+            kw.update(zip(("min_token_prob", "max_spec_factor", "max_spec_offset"),
+                          check_frequency_params(**frequency_args), strict=True))  # fmt: skip
+        fused = _extend_and_propose(
+            token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, validate, kw
+        )
+        if fused is not None:
+            return fused
         tensors = [token_ids, num_tokens, req_indices, max_draft_tokens, index.length]
         if should_check_values(tensors, validate):  # all of them before the extend writes
             _check_index_values(num_tokens, req_indices, index, B, R, L_max, True)
@@ -326,23 +331,26 @@ def _check_caps(max_draft_tokens) -> None:
 
 def _extend_and_propose(token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus,
                         validate, kw):  # fmt: skip
-    """``extend_index=True`` with an :class:`NgramIndex` on plain CPU tensors (the case
-    where :func:`call` would run the CPU functions itself): the extend and the proposal as
-    one kernel call (``cpu/ngram.py``), the value checks of both inside it. None: another
-    route (the two ops in turn)."""
+    """``extend_index=True`` on plain CPU tensors (the case where :func:`call` would run the
+    CPU functions itself): the extend and the proposal as one kernel call
+    (``cpu/ngram.py``, or ``cpu/frequency.py`` for a :class:`FrequencyIndex`), the value
+    checks of both inside it. None: another route (the two ops in turn)."""
+    frequency = not isinstance(index, NgramIndex)
     kwargs = dict(
         token_ids=token_ids,
         num_tokens=num_tokens.contiguous(),
         req_indices=None if req_indices is None else req_indices.contiguous(),
         max_draft_tokens=None if max_draft_tokens is None else max_draft_tokens.contiguous(),
-        index=[index.table, index.length],
+        index=[index.keys, index.vals, index.nodes, index.num_nodes, index.length]
+        if frequency else [index.table, index.length],
         corpus=None if corpus is None else corpus_tensors(corpus),
-    )
+    )  # fmt: skip
     if not calls_cpu_directly(kwargs):
         return None
     tensors = [token_ids, num_tokens, req_indices, max_draft_tokens, index.length]
     check = should_check_values(tensors, validate)
-    out = _cpu.extend_and_propose(**kwargs, **kw, check=check)
+    cpu = _cpu_frequency if frequency else _cpu
+    out = cpu.extend_and_propose(**kwargs, **kw, check=check)
     if out is None:
         R, L_max = token_ids.shape
         B = R if req_indices is None else req_indices.shape[0]
@@ -352,4 +360,4 @@ def _extend_and_propose(token_ids, num_tokens, req_indices, max_draft_tokens, in
             _check_caps(max_draft_tokens)
 
         refused("ngram_index_extend + ngram_propose", value_checks)
-    return NgramProposal(*out)
+    return FrequencyProposal(*out) if frequency else NgramProposal(*out)

@@ -314,23 +314,65 @@ def _propose(token_ids, num_tokens, rows, has_rows, caps, has_caps, keys, vals, 
     return True
 
 
+@jit
+def _extend_propose(token_ids, num_tokens, rows, has_rows, caps, has_caps, keys, vals, nodes,
+                    used, length, c_tokens, c_keys, c_vals, c_nodes, c_used, c_state,
+                    has_corpus, min_n, D, k, max_model_len, min_prob, factor, offset, check,
+                    seen, drafts, counts, match_len, source, probs):  # fmt: skip
+    """The extend (``_index_rows``) then :func:`_propose`, in one call; with ``check``, both
+    wrappers' value checks first (nothing is written if one fails)."""
+    if check:
+        if not _index.index_values_ok(num_tokens, token_ids.shape[1], rows, has_rows, length,
+                                      True, seen):  # fmt: skip
+            return False
+        for b in range(caps.shape[0] if has_caps else 0):
+            if caps[b] < 0:
+                return False
+    _index_rows(token_ids, num_tokens, rows, has_rows, keys, vals, nodes, used, length, D,
+                False, False, seen)  # fmt: skip
+    return _propose(
+        token_ids, num_tokens, rows, has_rows, caps, has_caps, keys, vals, nodes, used, length,
+        c_tokens, c_keys, c_vals, c_nodes, c_used, c_state, has_corpus, min_n, D, k,
+        max_model_len, min_prob, factor, offset, False, drafts, counts, match_len, source,
+        probs,
+    )  # fmt: skip
+
+
 def _run_propose(token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, min_n,
-                 max_n, k,
-                 max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
-                 check):  # fmt: skip
+                 max_n, k, max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
+                 check, extend=False):  # fmt: skip
     B = num_tokens.shape[0] if req_indices is None else req_indices.shape[0]
     tensors, arrays = outputs(((B, k), np.int32), (B, np.int32), (B, np.int32), (B, np.int8),
                               ((B, k), np.float32))  # fmt: skip
-    drafts, counts, match_len, source, probs = arrays
     c = _NO_CORPUS if corpus is None else tuple(map(np_, corpus[:5])) + (np_(corpus[6]),)
-    ok = _propose(
+    args = (
         np_(token_ids), np_(num_tokens), opt(req_indices, NONE_I32), req_indices is not None,
         opt(max_draft_tokens, NONE_I32), max_draft_tokens is not None, *map(np_, index), *c,
         corpus is not None, min_n, max_n, k, -1 if max_model_len is None else max_model_len,
-        min_token_prob, max_spec_factor, max_spec_offset, check, drafts, counts, match_len,
-        source, probs,
+        min_token_prob, max_spec_factor, max_spec_offset, check,
     )  # fmt: skip
+    if extend:
+        seen = zeroed_i32(num_tokens.shape[0]) if check else NONE_I32
+        ok = _extend_propose(*args, seen, *arrays)
+    else:
+        ok = _propose(*args, *arrays)
     return tuple(tensors) if ok else None
+
+
+def extend_and_propose(
+    token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
+    num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
+    check,
+):  # fmt: skip
+    """``frequency_index_extend`` + ``frequency_propose`` as one numba call (the index
+    ``[keys, vals, nodes, num_nodes, length]`` written in place): what
+    ``ops.ngram_propose(..., scoring="frequency", extend_index=True)`` runs on plain CPU
+    tensors. With ``check``, None if the values are refused (nothing written)."""
+    return _run_propose(
+        token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, min_n, max_n,
+        num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor,
+        max_spec_offset, check, extend=True,
+    )  # fmt: skip
 
 
 def frequency_propose(
