@@ -14,6 +14,10 @@ SuffixDecoding's stop rules (``min_token_prob`` 0.1, factor 1, offset 0).
   shared tree, the higher score wins (the raw trees, as ``bench/suffix_replay.py`` drives
   them: cheaper than vLLM's ``suffix`` proposer, which adds its cache's Python around them).
 
+``--route-ab``: instead, the op's ``extend_index=True`` one-call route against the two
+ops in turn (B = 1 and 8, 8k histories, with and without a 1M-token corpus; alternating call
+by call).
+
 Cells: ``batch`` (B = 1, 8, 64; 8k-token histories; a 1M-token corpus), ``history`` (B = 8,
 histories of 1k .. 128k tokens, no corpus), ``corpus`` (B = 8, 8k histories, corpora of
 1M .. 16M tokens). Tokens: the stdlib stream of ``examples/corpus_replay.py`` (every module,
@@ -200,6 +204,42 @@ def measure(B: int, L: int, M: int, docs, steps: int, repeats: int) -> dict:
     )  # fmt: skip
 
 
+def route_ab(docs, steps: int, repeats: int) -> str:
+    """``extend_index=True``'s one-call route against the two ops in turn (the route before
+    it: ``ngram_index_extend`` then ``frequency_propose``), the op's step only, alternating
+    call by call in one process; B = 1 and 8, 8k histories, with and without the 1M-token
+    corpus."""
+    from specdec_kernels.ops import ngram as ops_ngram
+
+    direct = ops_ngram.calls_cpu_directly
+    lines = ["| B | corpus tokens | one call | two ops | two ops / one call (median, min-max) |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for B, M in ((1, 1 << 20), (8, 1 << 20), (1, 0), (8, 0)):
+        stream = np.concatenate(docs)
+        L = 8192
+        width = L + (2 * steps + 4) * repeats * (K + 1) + DEPTH
+        hist = np.stack([stream[b * 100_000 : b * 100_000 + width] for b in range(B)])
+        op = Op(hist, L, corpora(docs, M)["op"] if M else None, width)
+        ratios, one, two = [], [], []
+        for _ in range(repeats):
+            t = {True: [], False: []}
+            for s in range(2 * steps):
+                fused = s % 2 == 0
+                ops_ngram.calls_cpu_directly = direct if fused else (lambda kwargs: False)
+                a = time.perf_counter_ns()
+                op.step()
+                t[fused].append(time.perf_counter_ns() - a)
+            ops_ngram.calls_cpu_directly = direct
+            o, w = float(np.median(t[True])) / 1e3, float(np.median(t[False])) / 1e3
+            one.append(o), two.append(w), ratios.append(w / o)
+        spread = f"{np.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        lines.append(
+            f"| {B} | {M:,} | {np.median(one):.1f} us | {np.median(two):.1f} us | {spread} |"
+        )
+        print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n"
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| B | history L | corpus tokens | op step | SuffixDecoding step | ratio (median, min-max) "
@@ -223,6 +263,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--route-ab", action="store_true",
+                   help="instead: the op's one-call route against the two ops in turn")  # fmt: skip
     args = p.parse_args(argv)
 
     import torch
@@ -235,6 +277,12 @@ def main(argv=None) -> int:
         return 1
     sys.path.append(path)
     docs = stream_documents()
+    if args.route_ab:
+        text = route_ab(docs, args.steps, args.repeats)
+        if args.out is not None:
+            with open(args.out, "a") as f:
+                f.write(text)
+        return 0
     rows = []
     for cell in args.cells:
         for B, L, M in CELLS[cell]:

@@ -275,10 +275,11 @@ def check_frequency_corpus(corpus: FrequencyCorpus, device: torch.device) -> Fre
     return corpus
 
 
-def check_proposal_args(scoring: str, index, corpus, args: dict) -> None:
+def check_proposal_args(scoring: str, index, corpus, args: dict) -> tuple | None:
     """``ngram_propose``'s scoring rules: ``"frequency"`` needs a :class:`FrequencyIndex`
     (and a :class:`FrequencyCorpus` if any), ``"longest"`` refuses them and the
-    frequency-only arguments."""
+    frequency-only arguments. Returns :func:`check_frequency_params`' floats (None for
+    ``"longest"``)."""
     frequency_only = {k: v for k, v in args.items() if v is not None}
     if scoring == "longest":
         if isinstance(index, FrequencyIndex) or isinstance(corpus, FrequencyCorpus):
@@ -290,7 +291,7 @@ def check_proposal_args(scoring: str, index, corpus, args: dict) -> None:
             raise ValueError(
                 f'{", ".join(sorted(frequency_only))} apply to scoring="frequency" only'
             )
-        return
+        return None
     if not isinstance(index, FrequencyIndex):
         raise ValueError(
             'scoring="frequency" needs index=new_ngram_index(..., scoring="frequency"), got '
@@ -301,4 +302,4 @@ def check_proposal_args(scoring: str, index, corpus, args: dict) -> None:
             'scoring="frequency" drafts from a FrequencyCorpus (new_corpus(..., '
             f'scoring="frequency")), got {type(corpus).__name__}'
         )
-    check_frequency_params(**args)
+    return check_frequency_params(**args)

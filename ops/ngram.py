@@ -31,7 +31,6 @@ from specdec_kernels.ops.corpus import Corpus, check_corpus, corpus_tensors
 from specdec_kernels.ops.frequency import (
     FrequencyCorpus,
     FrequencyIndex,
-    check_frequency_params,
     check_proposal_args,
 )
 from specdec_kernels.ops.ngram_index import NgramIndex, check_index, ngram_index_extend
@@ -236,7 +235,7 @@ def ngram_propose(
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     frequency_args = dict(min_token_prob=min_token_prob, max_spec_factor=max_spec_factor,
                           max_spec_offset=max_spec_offset)  # fmt: skip
-    check_proposal_args(scoring, index, corpus, frequency_args)
+    frequency_params = check_proposal_args(scoring, index, corpus, frequency_args)
     if scoring == "frequency" and tie_break != "first":
         raise ValueError(
             f"tie_break={tie_break!r} picks among n-gram occurrences (scoring='longest'); "
@@ -257,7 +256,7 @@ def ngram_propose(
             kw["tie_break"] = tie_break
         else:
             kw.update(zip(("min_token_prob", "max_spec_factor", "max_spec_offset"),
-                          check_frequency_params(**frequency_args), strict=True))  # fmt: skip
+                          frequency_params, strict=True))  # fmt: skip
         fused = _extend_and_propose(
             token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, validate, kw
         )
@@ -275,7 +274,7 @@ def ngram_propose(
             _check_values, num_tokens, req_indices, max_draft_tokens, index, B, R, L_max
         )
     if scoring == "frequency":
-        prob, factor, offset = check_frequency_params(**frequency_args)
+        prob, factor, offset = frequency_params
         return FrequencyProposal(*call(
             "frequency_propose",
             token_ids=token_ids,

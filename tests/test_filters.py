@@ -60,6 +60,11 @@ def rows():
     few[rng.integers(0, V, 3)] = [1.0, 0.3, 2.0**-125]
     yield "mostly zeros (the first bucket, comparison-sorted)", few
     yield "one token", np.float32([1.0])
+    yield "no mass (all zeros)", np.zeros(500, np.float32)
+    near_one = np.zeros(V, np.float32)
+    near_one[:40] = rng.random(40).astype(np.float32)
+    near_one[0] = 1.0
+    yield "the walk reaches the zeros (top-p near 1)", near_one
     yield "uniform", np.ones(300, np.float32)
 
 
@@ -71,7 +76,8 @@ def rows():
 )  # fmt: skip
 def test_threshold_equals_the_walk_over_the_sorted_row(name, w, top_k, top_p, min_p):
     f32 = np.float32
-    got = filters.threshold(w.copy(), w.shape[0], top_k, f32(top_p), f32(min_p))
+    work = np.full(2 * w.shape[0], np.nan, np.float32)  # scratch: its contents must not matter
+    got = filters.threshold(w.copy(), w.shape[0], top_k, f32(top_p), f32(min_p), work)
     want = walk_over_sorted(w, top_k, top_p, min_p)
     assert f32(got).tobytes() == want.tobytes(), (got, want)
 
@@ -85,7 +91,8 @@ def test_random_rows_and_parameters():
         w = weights(rng.standard_normal(V) * scale, float(rng.choice([0.5, 1.0, 2.0])))
         top_k = int(rng.choice([0, 1, 5, V - 1, V]))
         top_p = float(np.float32(rng.choice([0.1, 0.9, 0.95, 1.0, rng.random()])))
-        got = filters.threshold(w.copy(), V, top_k, np.float32(top_p), np.float32(0.0))
+        work = np.empty(2 * V, np.float32)
+        got = filters.threshold(w.copy(), V, top_k, np.float32(top_p), np.float32(0.0), work)
         want = walk_over_sorted(w, top_k, top_p, 0.0)
         assert np.float32(got).tobytes() == want.tobytes(), (V, top_k, top_p)
 
@@ -94,7 +101,8 @@ def test_the_walk_stops_when_the_mass_reaches_the_bound_exactly():
     w = np.float32([0.5, 1.0, 0.5, 0.25])  # S = 2.25; top-p 4/9 -> bound 1.0 = the mass of 1.0
     top_p = np.float32(1.0) / np.float32(2.25)
     assert np.float32(top_p * np.float32(2.25)) == 1.0
-    assert filters.threshold(w, 4, 0, top_p, np.float32(0.0)) == 1.0  # only the top one
+    work = np.empty(8, np.float32)
+    assert filters.threshold(w, 4, 0, top_p, np.float32(0.0), work) == 1.0  # only the top one
 
 
 def test_the_radix_sort_orders_a_bucket():
@@ -102,5 +110,5 @@ def test_the_radix_sort_orders_a_bucket():
     x = (0.5 + rng.random(5000) * 0.06).astype(np.float32)  # one bucket: bits >> 20 equal
     assert len(set((x.view(np.int32) >> 20).tolist())) == 1
     got = x.copy()
-    filters._sort_low_bits(got)
+    filters._sort_low_bits(got, np.empty(x.shape[0], np.int32))
     np.testing.assert_array_equal(got, np.sort(x))

@@ -404,6 +404,30 @@ def test_extend_index_equals_extend_then_propose(route, frequency, kernel_device
                     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("frequency", [False, True])
+def test_extend_index_takes_one_kernel_call_on_cpu(frequency, monkeypatch):
+    # the "one kernel" route above is the one-call function, for either index kind (if the
+    # wrapper fell back to the two ops, that test would compare the two ops with themselves)
+    from specdec_kernels.cpu import frequency as cpu_frequency
+    from specdec_kernels.cpu import ngram as cpu_ngram
+    from specdec_kernels.ops import ngram_propose
+
+    module = cpu_frequency if frequency else cpu_ngram
+    calls = []
+    real = module.extend_and_propose
+    monkeypatch.setattr(
+        module, "extend_and_propose", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    tok, old, index, corpus = _step_state(
+        torch.Generator().manual_seed(5), 3, 16, frequency=frequency
+    )
+    kw = dict(min_n=1, max_n=3, num_speculative_tokens=3, corpus=corpus)
+    if frequency:
+        kw["scoring"] = "frequency"
+    ngram_propose(tok, torch.clamp(old + 2, max=16), index=index, extend_index=True, **kw)
+    assert calls == [1]
+
+
 def _bad_step(match, frequency=False, **kw):
     from specdec_kernels.ops import ngram_propose
 

@@ -138,7 +138,7 @@ def values_ok(cu, k, n_drafts, q_rows, has_probs, temp, has_temp, top_k, has_top
 def _reject(
     l32, l16, l_bf16, drafts, cu, q32, q16, q_bf16, has_probs, temp, has_temp, top_k,
     has_top_k, top_p, has_top_p, min_p, has_min_p, seeds, offsets, lp_on, check, out,
-    num_emitted, logprobs, w, blocks, refs, buf, proc, pt, counts, uniq, words, prow,
+    num_emitted, logprobs, w, blocks, refs, buf, proc, pt, counts, uniq, words, prow, fwork,
 ):  # fmt: skip
     B, K1 = out.shape
     V = max(l32.shape[1], l16.shape[1])
@@ -194,7 +194,7 @@ def _reject(
                 p_ = top_p[b] if has_top_p else np.float32(1.0)
                 mp = min_p[b] if has_min_p else np.float32(0.0)
                 if 0 < k_ < V or p_ < 1.0 or mp > 0.0:
-                    t = threshold(w, V, k_, p_, mp)
+                    t = threshold(w, V, k_, p_, mp, fwork)
                     for i in range(V):
                         if w[i] < t:
                             w[i] = 0.0
@@ -300,7 +300,9 @@ def _run(
     q32, q16 = float_rows(draft_probs, N)
     nb = (V + BLOCK - 1) // BLOCK
     proc = processing is not None
-    work = scratch(V + BLOCK + (V if proc else 0))
+    filtered = temperature is not None and (top_k is not None or top_p is not None)
+    end = V + BLOCK + (V if proc else 0)
+    work = scratch(end + (2 * V if filtered else 0))  # [w | buf | prow | the filters' work]
     if proc:
         pt = tensors(**processing)
         bufs = buffers(V, processing["token_ids"], draft_token_ids,
@@ -317,6 +319,6 @@ def _run(
         opt(min_p, NONE_F32), min_p is not None, opt(seeds, NONE_I64), opt(offsets, NONE_I64),
         return_logprobs, check, out_a, emitted_a, lp_a if return_logprobs else NONE_F32_2D,
         work[:V], np.empty(nb, dtype=np.float64), np.empty(nb, dtype=np.float32),
-        work[V : V + BLOCK], proc, pt, *bufs, prow,
+        work[V : V + BLOCK], proc, pt, *bufs, prow, work[end : end + (2 * V if filtered else 0)],
     )  # fmt: skip
     return (out, num_emitted, logprobs) if ok else None
