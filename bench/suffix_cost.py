@@ -175,12 +175,18 @@ def corpora(docs, M: int) -> dict:
     return _CORPORA[M]
 
 
-def measure(B: int, L: int, M: int, docs, steps: int, repeats: int) -> dict:
+def histories(docs, B: int, L: int, steps: int) -> tuple[np.ndarray, int]:
+    """``B`` rows of the stream (each from its own offset) wide enough for ``L`` tokens and
+    ``steps`` commits of ``K + 1``; and that width."""
     stream = np.concatenate(docs)
-    width = L + (steps + 2) * repeats * (K + 1) + DEPTH
+    width = L + (steps + 2) * (K + 1) + DEPTH
     stream = np.concatenate([stream] * (1 + (B * width) // stream.shape[0]))
     stride = (stream.shape[0] - width) // max(B, 1)
-    hist = np.stack([stream[b * stride : b * stride + width] for b in range(B)])
+    return np.stack([stream[b * stride : b * stride + width] for b in range(B)]), width
+
+
+def measure(B: int, L: int, M: int, docs, steps: int, repeats: int) -> dict:
+    hist, width = histories(docs, B, L, steps * repeats)
     c = corpora(docs, M) if M else dict(op=None, peer=None, op_bytes=0, peer_bytes=0,
                                         op_build_s=0.0, peer_build_s=0.0)  # fmt: skip
     op, peer = Op(hist, L, c["op"], width), Peer(hist, L, c["peer"])
@@ -215,11 +221,8 @@ def route_ab(docs, steps: int, repeats: int) -> str:
     lines = ["| B | corpus tokens | one call | two ops | two ops / one call (median, min-max) |",
              "|---|---|---|---|---|"]  # fmt: skip
     for B, M in ((1, 1 << 20), (8, 1 << 20), (1, 0), (8, 0)):
-        stream = np.concatenate(docs)
-        L = 8192
-        width = L + (2 * steps + 4) * repeats * (K + 1) + DEPTH
-        hist = np.stack([stream[b * 100_000 : b * 100_000 + width] for b in range(B)])
-        op = Op(hist, L, corpora(docs, M)["op"] if M else None, width)
+        hist, width = histories(docs, B, 8192, 2 * steps * repeats)
+        op = Op(hist, 8192, corpora(docs, M)["op"] if M else None, width)
         ratios, one, two = [], [], []
         for _ in range(repeats):
             t = {True: [], False: []}

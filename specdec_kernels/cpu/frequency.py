@@ -321,13 +321,9 @@ def _extend_propose(token_ids, num_tokens, rows, has_rows, caps, has_caps, keys,
                     seen, drafts, counts, match_len, source, probs):  # fmt: skip
     """The extend (``_index_rows``) then :func:`_propose`, in one call; with ``check``, both
     wrappers' value checks first (nothing is written if one fails)."""
-    if check:
-        if not _index.index_values_ok(num_tokens, token_ids.shape[1], rows, has_rows, length,
-                                      True, seen):  # fmt: skip
-            return False
-        for b in range(caps.shape[0] if has_caps else 0):
-            if caps[b] < 0:
-                return False
+    if check and not _index.extend_values_ok(num_tokens, token_ids.shape[1], rows, has_rows,
+                                             length, caps, has_caps, seen):  # fmt: skip
+        return False
     _index_rows(token_ids, num_tokens, rows, has_rows, keys, vals, nodes, used, length, D,
                 False, False, seen)  # fmt: skip
     return _propose(

@@ -28,7 +28,7 @@ from specdec_kernels.cpu._jit import (
     zeroed_i32,
 )
 from specdec_kernels.cpu.corpus import corpus_lookup
-from specdec_kernels.cpu.ngram_index import index_rows, index_values_ok, ngram_hash, own_lookup
+from specdec_kernels.cpu.ngram_index import extend_values_ok, index_rows, ngram_hash, own_lookup
 
 
 @jit
@@ -201,13 +201,9 @@ def _extend_propose(
 ):  # fmt: skip
     """``ngram_index_extend`` then :func:`_propose` on the index, in one call; with
     ``check``, both wrappers' value checks first (nothing is written if one fails)."""
-    if check:
-        if not index_values_ok(num_tokens, token_ids.shape[1], rows, has_rows, length, True,
-                               seen):  # fmt: skip
-            return False
-        for b in range(caps.shape[0] if has_caps else 0):
-            if caps[b] < 0:
-                return False
+    if check and not extend_values_ok(num_tokens, token_ids.shape[1], rows, has_rows, length,
+                                      caps, has_caps, seen):  # fmt: skip
+        return False
     index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, False)
     return _propose(
         token_ids, num_tokens, rows, has_rows, caps, has_caps, table, length, True, c_tokens,

@@ -148,6 +148,18 @@ def index_values_ok(num_tokens, L_max, rows, has_rows, length, extend, seen):
 
 
 @jit
+def extend_values_ok(num_tokens, L_max, rows, has_rows, length, caps, has_caps, seen):
+    """The value checks of an extend followed by a proposal in one call (``ngram_propose(...,
+    extend_index=True)``): :func:`index_values_ok` to extend, and no negative draft cap."""
+    if not index_values_ok(num_tokens, L_max, rows, has_rows, length, True, seen):
+        return False
+    for b in range(caps.shape[0] if has_caps else 0):
+        if caps[b] < 0:
+            return False
+    return True
+
+
+@jit
 def _checked_index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scratch,
                         check, seen):  # fmt: skip
     """:func:`index_rows` after :func:`index_values_ok` (``check``); False: refused, nothing
