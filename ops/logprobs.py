@@ -20,12 +20,12 @@ from specdec_kernels.ops._validation import (
     check_tensor,
     should_check_values,
 )
-from specdec_kernels.ops.rejection import LOGIT_DTYPES
+from specdec_kernels.ops.rejection import LOGIT_DTYPES, check_sampling_params, sampling_param
 
-LOGPROBS_MODES = ("raw_logprobs", "raw_logits")
-"""The ``logprobs_mode`` values (vLLM's names): the log-softmax of the raw fp32 target logits,
-or the logits themselves. vLLM's processed modes are not here: the rows as sampled depend on
-the sampling parameters (the vLLM plugin computes them with vLLM's own helpers)."""
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+"""The ``logprobs_mode`` values (vLLM's names): the log-softmax of the fp32 target logits, or
+the logits themselves, as passed (``raw_*``) or as :func:`rejection_sample` samples each
+request's rows (``processed_*``: after its temperature and filters)."""
 
 
 class TopLogprobs(NamedTuple):
@@ -45,8 +45,8 @@ class TopLogprobs(NamedTuple):
 
 
 def _fake(
-    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, *, num_logprobs,
-    logprobs_mode,
+    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, temperature=None,
+    top_k=None, top_p=None, min_p=None, *, num_logprobs, logprobs_mode,
 ):  # fmt: skip
     B, K1 = output_token_ids.shape
     new = target_logits.new_empty
@@ -60,7 +60,8 @@ def _fake(
 
 define(
     "top_logprobs(Tensor target_logits, Tensor output_token_ids, Tensor num_emitted, "
-    "Tensor cu_num_draft_tokens, *, int num_logprobs, str logprobs_mode) "
+    "Tensor cu_num_draft_tokens, Tensor? temperature=None, Tensor? top_k=None, "
+    "Tensor? top_p=None, Tensor? min_p=None, *, int num_logprobs, str logprobs_mode) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
     cpu=_cpu.top_logprobs,
     cuda="specdec_kernels.kernels.logprobs:top_logprobs",
@@ -77,18 +78,25 @@ def top_logprobs(
     *,
     num_logprobs: int,
     logprobs_mode: str = "raw_logprobs",
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
     validate: bool | None = None,
 ) -> TopLogprobs:
     """The ``num_logprobs`` most likely tokens of every row that emitted a token in a verify
     step, with the emitted token's own value and rank (what an OpenAI-style ``logprobs = N``
-    request returns), from the raw target logits.
+    request returns), from the target logits as passed or as sampled.
 
     Row ``cu[b] + b + j`` of ``target_logits`` (as :func:`rejection_sample` reads it) gives
     slot ``[b, j]`` for ``j < num_emitted[b]``. In ``raw_logprobs`` mode the values are
     :func:`rejection_sample`'s ``logprobs`` (the log-softmax, a row without a finite maximum
-    included); in ``raw_logits`` mode the fp32 logits. NaN logits count as -inf. No host
-    synchronisation, static shapes (``torch.ops.specdec.top_logprobs``). Contract:
-    ``docs/design.md``, "``top_logprobs``".
+    included); in ``raw_logits`` mode the fp32 logits. NaN logits count as -inf. The
+    ``processed_*`` modes take the sampling parameters :func:`rejection_sample` took: a
+    request with ``temperature[b] > 0`` gets the values of its rows as sampled (``l / T``,
+    or its log-probability, on the filters' kept set; -inf elsewhere), a greedy one the raw
+    values; ids and ranks are the raw modes'. No host synchronisation, static shapes
+    (``torch.ops.specdec.top_logprobs``). Contract: ``docs/design.md``, "``top_logprobs``".
 
     Parameters
     ----------
@@ -101,8 +109,11 @@ def top_logprobs(
         int32 ``[B + 1]``, the same exclusive prefix sum :func:`rejection_sample` took.
     num_logprobs : int
         ``N`` in ``[0, V]``, the top entries per slot (0: only the emitted token's).
-    logprobs_mode : {"raw_logprobs", "raw_logits"}
-        vLLM's names for the two raw modes.
+    logprobs_mode : {"raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"}
+        vLLM's names.
+    temperature, top_k, top_p, min_p : torch.Tensor, optional
+        ``[B]``, as :func:`rejection_sample` takes them; read in the processed modes only
+        (without a temperature those equal the raw ones).
     validate : bool, optional
         Run the value checks (see Raises). Default: only for CPU tensors; never while
         compiling or capturing a CUDA graph.
@@ -117,9 +128,11 @@ def top_logprobs(
     ------
     ValueError
         Wrong dtype, device, ndim or shape of any tensor; ``V < 1``; ``num_logprobs``
-        outside ``[0, V]``; another ``logprobs_mode``. With value checks: ``cu`` not a prefix sum of
-        counts in ``[0, k]`` starting at 0, ``target_logits`` with fewer than ``cu[B] + B``
-        rows, ``num_emitted`` outside ``[0, k_b + 1]``, an emitted token outside ``[0, V)``.
+        outside ``[0, V]``; another ``logprobs_mode``; a sampling parameter of the wrong
+        dtype or shape (:func:`rejection_sample`'s rules). With value checks: ``cu`` not a
+        prefix sum of counts in ``[0, k]`` starting at 0, ``target_logits`` with fewer than
+        ``cu[B] + B`` rows, ``num_emitted`` outside ``[0, k_b + 1]``, an emitted token
+        outside ``[0, V)``, a sampling parameter outside its range.
 
     Examples
     --------
@@ -149,19 +162,31 @@ def top_logprobs(
         raise ValueError(f"target_logits must have a vocabulary of at least 1, got V = {V}")
     N = check_int("num_logprobs", num_logprobs, min_value=0, max_value=V)
     if logprobs_mode not in LOGPROBS_MODES:
-        raise ValueError(
-            f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r} (vLLM's "
-            "processed modes depend on the sampling parameters: not an option here)"
-        )
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+    params = [
+        sampling_param(n, t, dtypes, B, device)
+        for n, t, dtypes in (("temperature", temperature, torch.float32),
+                             ("top_k", top_k, (torch.int32, torch.int64)),
+                             ("top_p", top_p, torch.float32), ("min_p", min_p, torch.float32))
+    ]  # fmt: skip
+    if not logprobs_mode.startswith("processed"):
+        params = [None] * 4  # checked, never read
     value_checks = None
-    if should_check_values([target_logits, out, emitted, cu], validate):
-        value_checks = functools.partial(_check_values, rows, V, out, emitted, cu)
+    if should_check_values([target_logits, out, emitted, cu, *params], validate):
+        value_checks = functools.partial(_check_values, rows, V, out, emitted, cu, params)
+    temperature, top_k, top_p, min_p = params
+    if top_k is not None:  # int32 for the kernels, as rejection_sample passes it
+        top_k = top_k.clamp(min=-1, max=2**31 - 1).to(torch.int32)
     tok_lp, tok_rank, top_ids, top_vals = call(
         "top_logprobs",
         target_logits=target_logits,
         output_token_ids=out.contiguous(),
         num_emitted=emitted.contiguous(),
         cu_num_draft_tokens=cu.contiguous(),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
         num_logprobs=N,
         logprobs_mode=logprobs_mode,
         value_checks=value_checks,
@@ -169,9 +194,10 @@ def top_logprobs(
     return TopLogprobs(tok_lp, tok_rank, top_ids, top_vals)
 
 
-def _check_values(rows, V, out, emitted, cu) -> None:
+def _check_values(rows, V, out, emitted, cu, params) -> None:
     """The value checks of :func:`top_logprobs` (see Raises there)."""
     B, K1 = out.shape
+    check_sampling_params(*params)
     hint = "the cu_num_draft_tokens rejection_sample took"
     n_drafts = check_prefix_sum("cu_num_draft_tokens", cu, K1 - 1, "draft counts in [0, k]", hint)
     if rows < n_drafts + B:

@@ -126,7 +126,8 @@ _INCLUSIVE_HINT = (
 )
 
 
-def _param(name, t, dtypes, B, device):
+def sampling_param(name, t, dtypes, B, device):
+    """A per-request sampling parameter ``[B]`` checked (None stays None), contiguous."""
     if t is None:
         return None
     t = check_tensor(name, t, dtype=dtypes, ndim=1, device=device)
@@ -291,12 +292,12 @@ def rejection_sample(
                 f"cu_num_draft_tokens[B]; the vocabulary of target_logits), got "
                 f"{tuple(draft_probs.shape)}"
             )
-    temperature = _param("temperature", temperature, torch.float32, B, device)
-    top_k = _param("top_k", top_k, (torch.int32, torch.int64), B, device)
-    top_p = _param("top_p", top_p, torch.float32, B, device)
-    min_p = _param("min_p", min_p, torch.float32, B, device)
-    seeds = _param("seeds", seeds, torch.int64, B, device)
-    offsets = _param("offsets", offsets, torch.int64, B, device)
+    temperature = sampling_param("temperature", temperature, torch.float32, B, device)
+    top_k = sampling_param("top_k", top_k, (torch.int32, torch.int64), B, device)
+    top_p = sampling_param("top_p", top_p, torch.float32, B, device)
+    min_p = sampling_param("min_p", min_p, torch.float32, B, device)
+    seeds = sampling_param("seeds", seeds, torch.int64, B, device)
+    offsets = sampling_param("offsets", offsets, torch.int64, B, device)
 
     if (seeds is None) != (offsets is None):
         given, missing = ("seeds", "offsets") if offsets is None else ("offsets", "seeds")
@@ -375,6 +376,11 @@ def _check_values(cu, k, n_flat, draft_probs, temperature, top_k, top_p, min_p) 
             f"draft_probs must have at least N = cu_num_draft_tokens[B] = {N} "
             f"rows (one per draft), got {draft_probs.shape[0]}"
         )
+    check_sampling_params(temperature, top_k, top_p, min_p)
+
+
+def check_sampling_params(temperature, top_k, top_p, min_p) -> None:
+    """The sampling parameters' value checks (``rejection_sample``'s and ``top_logprobs``')."""
     if temperature is not None:
         check_value_range("temperature", temperature, 0, FLOAT32_MAX, "finite; 0 = greedy")
     if top_k is not None:

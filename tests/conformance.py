@@ -312,11 +312,16 @@ def _logprobs_args(mode: str) -> dict:
     out = torch.randint(0, V, (B, k + 1), generator=g, dtype=I32)
     emitted = i32([4, 1, 2, 0])
     out[torch.arange(k + 1)[None, :] >= emitted[:, None]] = -1
-    return dict(
-        target_logits=logits.to(torch.bfloat16) if mode == "raw_logits" else logits,
+    a = dict(
+        target_logits=logits.to(torch.bfloat16) if mode.endswith("_logits") else logits,
         output_token_ids=out, num_emitted=emitted, cu_num_draft_tokens=cu, num_logprobs=5,
         logprobs_mode=mode,
     )  # fmt: skip
+    a.update(temperature=None, top_k=None, top_p=None, min_p=None)
+    if mode.startswith("processed"):  # sampled requests with filters, and a greedy one
+        a.update(temperature=torch.tensor([0.7, 0.0, 1.3, 0.9]), top_k=i32([4, 0, 0, 9]),
+                 top_p=torch.tensor([1.0, 0.6, 0.8, 0.5]), min_p=torch.tensor([0.0, 0.0, 0.1, 0.0]))  # fmt: skip
+    return a
 
 
 def _logprobs_public(a: dict) -> tuple:
@@ -328,6 +333,7 @@ def _logprobs_public(a: dict) -> tuple:
             a["cu_num_draft_tokens"],
             num_logprobs=a["num_logprobs"],
             logprobs_mode=a["logprobs_mode"],
+            **{n: a[n] for n in ("temperature", "top_k", "top_p", "min_p")},
         )  # fmt: skip
     )
 
@@ -592,7 +598,7 @@ CASES: list[OpCase] = [
     ),
     *(
         OpCase("top_logprobs", m, lambda m=m: _logprobs_args(m), _logprobs_public)
-        for m in ("raw_logprobs", "raw_logits")
+        for m in ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
     ),
     *(
         OpCase("process_logits", m, lambda m=m: _processing_args(m), _processing_public)

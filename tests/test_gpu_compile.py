@@ -91,6 +91,20 @@ for logits, flags in (("*fp32", (False,) * 6), ("*bf16", (True,) * 6),
 print("compiled")
 """
 
+_LOGPROBS = r"""
+from specdec_kernels.kernels import logprobs as K
+ptrs = {"rows_ptr": "*i64", "temp_ptr": "*fp32", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
+        "ids_ptr": "*i64", "values_ptr": "*fp32"}
+for logits, on, logits_mode in (("*fp32", True, False), ("*bf16", False, True),
+                                ("*fp16", True, True)):
+    absent = {} if on else dict(top_k_ptr=None, top_p_ptr=None, min_p_ptr=None)
+    build(K._processed_values_kernel,
+          dict(HAS_TOP_K=on, HAS_TOP_P=on, HAS_MIN_P=on, LOGITS=logits_mode, BLOCK=1024,
+               SEARCH_BLOCK=128, NPIV=16, ID_BLOCK=8, **absent),
+          dict(ptrs, logits_ptr=logits))
+print("compiled")
+"""
+
 _BOOKKEEPING = r"""
 from specdec_kernels.kernels import commit as C
 from specdec_kernels.kernels import verify_inputs as V
@@ -153,6 +167,11 @@ def test_ngram_kernels_compile_for_the_gpu():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
 def test_rejection_kernels_compile_for_the_gpu():
     compile_for_gpu(_REJECTION)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
+def test_logprobs_kernels_compile_for_the_gpu():
+    compile_for_gpu(_LOGPROBS)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles the kernels for real")
@@ -285,7 +304,7 @@ def test_frequency_kernels_compile_for_the_gpu():
 
 SCRIPTS = {"ngram": _NGRAM, "ngram_index": _NGRAM_INDEX, "corpus": _CORPUS,
            "frequency": _FREQUENCY, "frequency_corpus": _FREQUENCY_CORPUS,
-           "rejection": _REJECTION, "commit": _BOOKKEEPING, "verify_inputs": _BOOKKEEPING,
+           "rejection": _REJECTION, "logprobs": _LOGPROBS, "commit": _BOOKKEEPING, "verify_inputs": _BOOKKEEPING,
            "draft_plan": _DRAFT_PLAN, "processing": _PROCESSING, "philox": _PHILOX}  # fmt: skip
 KERNEL_MODULES = sorted(
     p.stem for p in (pathlib.Path(__file__).parents[1] / "specdec_kernels" / "kernels").glob("*.py")

@@ -1,6 +1,7 @@
-"""top_logprobs: named cases, reference == CPU path == CUDA path (its torch code on CPU
-tensors) on random slots with ties, NaN and rows without a finite maximum, agreement with
-rejection_sample's logprobs and with vLLM's rule (log_softmax, then topk), errors."""
+"""top_logprobs: named cases, reference == CPU path == CUDA path (its torch code and Triton
+kernel on CPU tensors) on random slots with ties, NaN and rows without a finite maximum, in
+the raw and the processed modes, agreement with rejection_sample's logprobs, its samples and
+vLLM's rule (log_softmax, then topk), errors."""
 
 from __future__ import annotations
 
@@ -133,6 +134,93 @@ def test_every_path_equals_the_reference_on_rows_of_several_blocks(N, kernel_dev
                 torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=what)
 
 
+def _sampling_params(g, B):
+    """Random per-request temperature (some greedy), top-k, top-p and min-p, each of the
+    three filters absent now and then."""
+    T = torch.rand(B, generator=g) * 1.5 + 0.05
+    T[torch.rand(B, generator=g) < 0.3] = 0.0
+    params = [
+        T,
+        torch.randint(0, 12, (B,), generator=g, dtype=I32),
+        torch.where(torch.rand(B, generator=g) < 0.3, 1.0, torch.rand(B, generator=g)) + 1e-3,
+        torch.rand(B, generator=g) * 0.3,
+    ]
+    params[2] = params[2].clamp(max=1.0)
+    for i in (1, 2, 3):
+        if torch.rand(1, generator=g) < 0.25:
+            params[i] = None
+    return params
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_processed_modes_on_a_named_row(impl):
+    # T = 2, top-k 2 of [0, 1, 2, 3]: ids 3 and 2 are kept, with weights 1 and exp(-0.5)
+    a = (torch.tensor([[0.0, 1.0, 2.0, 3.0]]), _i32([[2]]), _i32([1]), _i32([0, 0]))
+    params = (torch.tensor([2.0]), _i32([2]), None, None)
+    log_s = math.log(1 + math.exp(-0.5))
+    for mode, values in (
+        ("processed_logits", [1.5, 1.0, -INF, -INF]),
+        ("processed_logprobs", [-log_s, -0.5 - log_s, -INF, -INF]),
+    ):
+        got = IMPLS[impl](*a, *params, num_logprobs=4, logprobs_mode=mode)
+        assert got[2][0, 0].tolist() == [3, 2, 1, 0] and int(got[1][0, 0]) == 2, (impl, mode)
+        torch.testing.assert_close(got[3][0, 0], torch.tensor(values), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[0][0, 0], torch.tensor(values[1]), rtol=1e-5, atol=1e-6)
+    # a greedy request (T = 0), or no temperature at all: the raw values
+    for T in (torch.tensor([0.0]), None):
+        for mode in ("processed_logits", "processed_logprobs"):
+            got = IMPLS[impl](*a, T, *params[1:], num_logprobs=4, logprobs_mode=mode)
+            raw = IMPLS[impl](*a, num_logprobs=4, logprobs_mode=mode.replace("processed", "raw"))
+            assert all(torch.equal(x, y) for x, y in zip(got, raw, strict=True)), (impl, mode)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["processed_logprobs", "processed_logits"])
+def test_processed_modes_every_path_equals_the_reference(dtype, mode, kernel_device):
+    g = torch.Generator().manual_seed(len(mode) + len(str(dtype)))
+    for trial in range(60):
+        logits, out, emitted, cu, N = _random_case(g, dtype)
+        params = _sampling_params(g, out.shape[0])
+        want = reference_top(logits, out, emitted, cu, *params, num_logprobs=N,
+                             logprobs_mode=mode)  # fmt: skip
+        for impl in ("cpu", "cuda"):
+            a = (logits, out, emitted, cu, *params)
+            if impl == "cuda":
+                a = tuple(None if t is None else t.to(kernel_device) for t in a)
+            got = tuple(t.cpu() for t in IMPLS[impl](*a, num_logprobs=N, logprobs_mode=mode))
+            what = (impl, trial)
+            assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), what
+            torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6, msg=str(what))
+            torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=str(what))
+
+
+def test_processed_logprobs_are_the_distribution_the_sampler_draws_from():
+    # one row, sampled 400 times (k = 0, 400 seeds) with every filter on: each emitted
+    # token has a finite processed logprob, the kept set's probabilities sum to 1, and the
+    # token frequencies follow them (a chi-square bound a correct sampler fails ~1e-6 of
+    # the time)
+    g = torch.Generator().manual_seed(11)
+    V, B = 40, 400
+    row = torch.randn(V, generator=g) * 2
+    logits = row.expand(B, V).contiguous()
+    cu = torch.zeros(B + 1, dtype=I32)
+    params = dict(temperature=torch.full((B,), 0.9), top_k=torch.full((B,), 12, dtype=I32),
+                  top_p=torch.full((B,), 0.85), min_p=torch.full((B,), 0.02))  # fmt: skip
+    rs = rejection_sample(logits, torch.zeros(0, dtype=I32), cu, num_speculative_tokens=0,
+                          seeds=torch.arange(B), offsets=torch.zeros(B, dtype=torch.int64),
+                          **params)  # fmt: skip
+    got = top_logprobs(logits, rs.output_token_ids, rs.num_emitted, cu, num_logprobs=V,
+                       logprobs_mode="processed_logprobs", **params)  # fmt: skip
+    assert torch.isfinite(got.token_logprobs).all()
+    p = torch.zeros(V, dtype=torch.float64)
+    p[got.top_token_ids[0, 0].long()] = got.top_logprobs[0, 0].double().exp()
+    assert abs(float(p.sum()) - 1) < 1e-5 and 2 <= int((p > 0).sum()) <= 12
+    counts = torch.bincount(rs.output_token_ids[:, 0].long(), minlength=V).double()
+    kept = p > 0
+    chi2 = float(((counts[kept] - B * p[kept]) ** 2 / (B * p[kept])).sum())
+    assert chi2 < 40.0, chi2  # at most 11 degrees of freedom: P(chi2 > 40) < 1e-4
+
+
 @pytest.mark.parametrize("impl", ["cpu", "cuda"])
 def test_values_are_float64_accurate_at_a_large_vocabulary(impl):
     # an fp32 log_softmax drifts by up to ~5e-5 over 152k logits (here: rows whose maximum
@@ -169,15 +257,25 @@ def test_the_kernels_value_checks_agree_with_the_wrappers():
             cu[int(torch.randint(0, B + 1, (1,), generator=g))] += 1 if trial % 2 else -1
         elif what == 4:
             logits = logits[: max(int(cu[-1]) + B - 1, 0)]
-        got = cpu_top_checked(logits, out, emitted, cu, num_logprobs=N, logprobs_mode="raw_logits")
+        params = [None] * 4
+        if what == 5:  # a sampling parameter, in range or not
+            i = trial % 4
+            bad = [torch.tensor([-0.5, 0.7, 1.0]), torch.tensor([-1, 0, 3]),
+                   torch.tensor([0.0, 0.5, 1.0]), torch.tensor([1.5, 0.0, 0.2])][i]  # fmt: skip
+            params[i] = bad[torch.randint(0, 3, (B,), generator=g)].to(bad.dtype)
+            if i == 1:
+                params[i] = params[i].to(I32)
+        mode = "processed_logits" if what == 5 else "raw_logits"
+        got = cpu_top_checked(logits, out, emitted, cu, *params, num_logprobs=N,
+                              logprobs_mode=mode)  # fmt: skip
         try:
-            _check_values(logits.shape[0], logits.shape[1], out, emitted, cu)
+            _check_values(logits.shape[0], logits.shape[1], out, emitted, cu, params)
         except ValueError:
             assert got is None, trial
             refused += 1
             continue
         assert got is not None, trial
-        want = cpu_top(logits, out, emitted, cu, num_logprobs=N, logprobs_mode="raw_logits")
+        want = cpu_top(logits, out, emitted, cu, *params, num_logprobs=N, logprobs_mode=mode)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), trial
     assert 50 < refused < 250, refused
 
@@ -241,7 +339,14 @@ def _bad(**kw):
     [
         (dict(num_logprobs=5), r"num_logprobs must be <= 4"),
         (dict(num_logprobs=-1), r"num_logprobs must be >= 0"),
-        (dict(logprobs_mode="processed_logprobs"), "logprobs_mode must be one of"),
+        (dict(logprobs_mode="processed"), "logprobs_mode must be one of"),
+        (dict(temperature=torch.ones(4)), r"temperature must have shape \(2,\)"),
+        (dict(top_k=torch.ones(2)), "top_k must have dtype"),
+        (dict(logprobs_mode="processed_logprobs", temperature=torch.tensor([1.0, -1.0])),
+         "temperature must lie in"),  # fmt: skip
+        (dict(logprobs_mode="processed_logits", top_p=torch.tensor([0.0, 1.0])), "top_p must lie"),
+        (dict(logprobs_mode="processed_logits", min_p=torch.tensor([0.0, 2.0])), "min_p must lie"),
+        (dict(logprobs_mode="processed_logits", top_k=_i32([1, -2])), "top_k must lie"),
         (dict(target_logits=torch.zeros(5, 4, dtype=torch.int32)), "target_logits must have dtype"),
         (dict(output_token_ids=_i32([1, 2])), "output_token_ids must be 2-D"),
         (dict(num_emitted=_i32([2])), r"num_emitted must have shape \(2,\)"),

@@ -7,7 +7,10 @@ small sorted list of the ``N`` largest logits, skipped where the piece's maximum
 above the list's last (the common case once the list holds the row's top; an integer max
 over order keys, vectorised); an insertion happens only where a logit beats the list's
 last, so ties stay with the lower id, which came first; then, for ``raw_logprobs``, the
-log-normaliser's pass. Above ``N = 64`` one stable sort of the row gives the top N.
+log-normaliser's pass. Above ``N = 64`` one stable sort of the row gives the top N. In
+the processed modes a sampled request's slot also takes the row's weights and the filters'
+threshold exactly as ``rejection_sample`` does (``row_weights``, ``cpu/filters.py``), and
+its values are those of the row as sampled.
 """
 
 from __future__ import annotations
@@ -15,8 +18,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdec_kernels.cpu._jit import float_rows, jit, np_, outputs, scratch
-from specdec_kernels.cpu.sampling import BLOCK, block, range_max, raw_log_normaliser, row_max
+from specdec_kernels.cpu._jit import NONE_F32, NONE_I32, float_rows, jit, np_, opt, outputs, scratch
+from specdec_kernels.cpu.filters import threshold
+from specdec_kernels.cpu.sampling import (
+    BLOCK,
+    block,
+    block_sums,
+    params_ok,
+    range_max,
+    raw_log_normaliser,
+    row_max,
+    row_weights,
+)
 
 
 @jit
@@ -30,6 +43,35 @@ def value_of(x, m, log_s, n_max, logits_mode):
     if np.isfinite(m):
         return np.float32((x - m) - log_s)
     return np.float32(-np.log(np.float32(n_max))) if x == m else np.float32(-np.inf)
+
+
+@jit
+def processed_value(x, m, T, log_s, n_max, kept, logits_mode):
+    """A sampled row's value of a logit ``x`` in the processed modes: ``x / T`` or
+    ``(x - m) / T - log S`` (``log_s`` of the kept weights' float64 sum) on the kept set,
+    -inf elsewhere; a row whose maximum is not finite: :func:`value_of`'s rule."""
+    if not kept:
+        return np.float32(-np.inf)
+    if logits_mode:
+        return np.float32(x / T)
+    if np.isfinite(m):
+        return np.float32(np.float32(x - m) / T - log_s)
+    return value_of(x, m, log_s, n_max, False)
+
+
+@jit
+def _sampled_row(l32, l16, bf16, g, V, T, k, p, mp, w, blocks, refs, buf, fwork):
+    """The row's weights in ``w`` as ``rejection_sample`` samples it, zero below the
+    filters' threshold ``t``; returns ``(t, log S)``, ``S`` the kept weights' sum."""
+    S = row_weights(l32, l16, bf16, g, V, T, w, blocks, refs, buf)[1]
+    t = np.float32(0.0)
+    if 0 < k < V or p < 1.0 or mp > 0.0:
+        t = threshold(w, V, k, p, mp, fwork)
+        for i in range(V):
+            if w[i] < t:
+                w[i] = 0.0
+        S = block_sums(w, V, blocks)
+    return t, np.log(S)
 
 
 @jit
@@ -80,7 +122,8 @@ def _sorted_top(l32, l16, bf16, g, V, ids, vals, neg, buf):
 @jit
 def _top(
     l32, l16, bf16, out_tok, num_emitted, cu, logits_mode, tok_lp, tok_rank, top_ids, top_vals,
-    buf, w, neg,
+    buf, w, neg, processed, temp, has_temp, top_k, has_top_k, top_p, has_top_p, min_p, has_min_p,
+    pw, blocks, refs, fwork,
 ):  # fmt: skip
     B, K1 = out_tok.shape
     N = top_ids.shape[2]
@@ -122,22 +165,35 @@ def _top(
                     filled = _insert_top(src, j0, ids, vals, filled)
             if N > SORT_ABOVE_N:
                 _sorted_top(l32, l16, bf16, g, V, ids, vals, neg, buf)
-            log_s = np.float64(0.0)
-            if not logits_mode and np.isfinite(m):
-                log_s = np.log(raw_log_normaliser(l32, l16, bf16, g, V, m, w))
-            for t in range(N):
-                vals[t] = value_of(vals[t], m, log_s, n_max, logits_mode)
-            tok_lp[b, j] = value_of(x_tok, m, log_s, n_max, logits_mode)
+            T = temp[b] if processed and has_temp else np.float32(0.0)
+            if T > 0.0:  # the row as sampled: kept iff its weight is >= the threshold
+                k_ = top_k[b] if has_top_k else 0
+                p_ = top_p[b] if has_top_p else np.float32(1.0)
+                mp = min_p[b] if has_min_p else np.float32(0.0)
+                t, log_s = _sampled_row(l32, l16, bf16, g, V, T, k_, p_, mp, pw, blocks, refs,
+                                        buf, fwork)  # fmt: skip
+                for i in range(N):
+                    vals[i] = processed_value(vals[i], m, T, log_s, n_max, pw[ids[i]] >= t,
+                                              logits_mode)  # fmt: skip
+                tok_lp[b, j] = processed_value(x_tok, m, T, log_s, n_max, pw[tok] >= t,
+                                               logits_mode)  # fmt: skip
+            else:
+                log_s = np.float64(0.0)
+                if not logits_mode and np.isfinite(m):
+                    log_s = np.log(raw_log_normaliser(l32, l16, bf16, g, V, m, w))
+                for i in range(N):
+                    vals[i] = value_of(vals[i], m, log_s, n_max, logits_mode)
+                tok_lp[b, j] = value_of(x_tok, m, log_s, n_max, logits_mode)
             tok_rank[b, j] = rank
 
 
 @jit
-def _values_ok(rows, V, out_tok, num_emitted, cu):
+def _values_ok(rows, V, out_tok, num_emitted, cu, params):
     """The wrapper's value checks (``ops/logprobs.py``) as one pass: ``cu`` a prefix sum of
     counts in ``[0, k]`` from 0, ``cu[B] + B`` rows, ``num_emitted`` in ``[0, k_b + 1]``,
-    the emitted tokens in ``[0, V)``."""
+    the emitted tokens in ``[0, V)``, the sampling parameters in their ranges."""
     B, K1 = out_tok.shape
-    if cu[0] != 0 or rows < cu[B] + B:
+    if cu[0] != 0 or rows < cu[B] + B or not params_ok(*params):
         return False
     for b in range(B):
         kb = cu[b + 1] - cu[b]
@@ -151,28 +207,34 @@ def _values_ok(rows, V, out_tok, num_emitted, cu):
 
 
 def top_logprobs(
-    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, *, num_logprobs,
-    logprobs_mode,
+    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, temperature=None,
+    top_k=None, top_p=None, min_p=None, *, num_logprobs, logprobs_mode,
 ):  # fmt: skip
     """The CPU implementation of ``specdec::top_logprobs`` (registered directly)."""
-    return _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, num_logprobs,
-                logprobs_mode, False)  # fmt: skip
+    return _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens,
+                (temperature, top_k, top_p, min_p), num_logprobs, logprobs_mode, False)  # fmt: skip
 
 
 def top_logprobs_checked(
-    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, *, num_logprobs,
-    logprobs_mode,
+    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, temperature=None,
+    top_k=None, top_p=None, min_p=None, *, num_logprobs, logprobs_mode,
 ):  # fmt: skip
     """:func:`top_logprobs` after the wrapper's value checks, in one numba pass before
     anything is computed; None if one fails (``ops/_library.py``'s ``call``)."""
-    return _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, num_logprobs,
-                logprobs_mode, True)  # fmt: skip
+    return _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens,
+                (temperature, top_k, top_p, min_p), num_logprobs, logprobs_mode, True)  # fmt: skip
 
 
-def _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, N, mode, check):
+def _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, sampling, N, mode,
+         check):  # fmt: skip
     out_tok, emitted, cu = np_(output_token_ids), np_(num_emitted), np_(cu_num_draft_tokens)
+    temp, top_k, top_p, min_p = sampling
+    params = (
+        opt(temp, NONE_F32), temp is not None, opt(top_k, NONE_I32), top_k is not None,
+        opt(top_p, NONE_F32), top_p is not None, opt(min_p, NONE_F32), min_p is not None,
+    )  # fmt: skip
     if check and not _values_ok(target_logits.shape[0], target_logits.shape[1], out_tok,
-                                emitted, cu):  # fmt: skip
+                                emitted, cu, params):  # fmt: skip
         return None
     B, K1 = output_token_ids.shape
     (tok_lp, tok_rank, top_ids, top_vals), arrays = outputs(
@@ -183,9 +245,15 @@ def _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, N, m
         return tok_lp, tok_rank, top_ids, top_vals
     l32, l16 = float_rows(target_logits, target_logits.shape[0])
     V = target_logits.shape[1]
-    work = scratch(2 * BLOCK + (V if N > SORT_ABOVE_N else 0))
+    processed = mode.startswith("processed") and temp is not None
+    sampled = 3 * V if processed else 0  # the weights and the filters' work
+    sort = 2 * BLOCK + (V if N > SORT_ABOVE_N else 0)
+    work = scratch(sort + sampled)
+    nb = (V + BLOCK - 1) // BLOCK if processed else 0
     _top(
         l32, l16, target_logits.dtype == torch.bfloat16, out_tok, emitted, cu,
-        mode == "raw_logits", *arrays, work[:BLOCK], work[BLOCK : 2 * BLOCK], work[2 * BLOCK :],
+        mode.endswith("_logits"), *arrays, work[:BLOCK], work[BLOCK : 2 * BLOCK],
+        work[2 * BLOCK : sort], processed, *params, work[sort : sort + V],
+        np.empty(nb, dtype=np.float64), np.empty(nb, dtype=np.float32), work[sort + V :],
     )  # fmt: skip
     return tok_lp, tok_rank, top_ids, top_vals

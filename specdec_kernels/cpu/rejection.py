@@ -33,7 +33,7 @@ from specdec_kernels.cpu._jit import (
 from specdec_kernels.cpu.filters import threshold
 from specdec_kernels.cpu.logprobs import value_of
 from specdec_kernels.cpu.processed_argmax import processed_argmax
-from specdec_kernels.cpu.processing import FLOAT32_MAX, NONE_TENSORS, buffers, tensors
+from specdec_kernels.cpu.processing import NONE_TENSORS, buffers, tensors
 from specdec_kernels.cpu.processing import values_ok as processing_values_ok
 from specdec_kernels.cpu.processing_rows import (
     count_draft,
@@ -48,14 +48,12 @@ from specdec_kernels.cpu.sampling import (
     block_sums,
     inverse_cdf,
     lane_sum,
+    params_ok,
     philox_uniform,
     raw_log_normaliser,
     row_max,
     row_weights,
 )
-
-INT32_MAX = np.int32(2**31 - 1)
-
 
 def require_seeds_and_offsets(temperature, seeds, offsets) -> None:
     """The op's one structural check (shared by the CPU path, the Triton launcher and the
@@ -103,16 +101,6 @@ def _sample(w, V, blocks, S, u, f32, u16, bf16, g, buf):
 
 
 @jit
-def _in_range(x, has, lo, hi, lo_open):
-    """Whether every entry of ``x`` (if ``has``) lies in ``[lo, hi]`` (``(lo, hi]``); NaN never."""
-    for i in range(x.shape[0] if has else 0):
-        v = x[i]
-        if not ((v > lo if lo_open else v >= lo) and v <= hi):
-            return False
-    return True
-
-
-@jit
 def values_ok(cu, k, n_drafts, q_rows, has_probs, temp, has_temp, top_k, has_top_k, top_p,
               has_top_p, min_p, has_min_p):  # fmt: skip
     """The wrapper's value checks (``ops/rejection.py``'s ``_check_values``) as one pass:
@@ -126,12 +114,7 @@ def values_ok(cu, k, n_drafts, q_rows, has_probs, temp, has_temp, top_k, has_top
     N = cu[cu.shape[0] - 1]
     if N > n_drafts or (has_probs and N > q_rows):
         return False
-    return (
-        _in_range(temp, has_temp, np.float32(0.0), FLOAT32_MAX, False)
-        and _in_range(top_k, has_top_k, 0, INT32_MAX, False)
-        and _in_range(top_p, has_top_p, np.float32(0.0), np.float32(1.0), True)
-        and _in_range(min_p, has_min_p, np.float32(0.0), np.float32(1.0), False)
-    )
+    return params_ok(temp, has_temp, top_k, has_top_k, top_p, has_top_p, min_p, has_min_p)
 
 
 @jit

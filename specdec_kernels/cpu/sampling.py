@@ -316,6 +316,33 @@ _M32 = np.uint64(0xFFFFFFFF)
 
 
 @jit
+def _in_range(x, has, lo, hi, lo_open):
+    """Whether every entry of ``x`` (if ``has``) lies in ``[lo, hi]`` (``(lo, hi]``); NaN never."""
+    for i in range(x.shape[0] if has else 0):
+        v = x[i]
+        if not ((v > lo if lo_open else v >= lo) and v <= hi):
+            return False
+    return True
+
+
+_FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
+_INT32_MAX = np.int32(2**31 - 1)
+
+
+@jit
+def params_ok(temp, has_temp, top_k, has_top_k, top_p, has_top_p, min_p, has_min_p):
+    """The sampling parameters' value checks (``rejection_sample``'s and
+    ``top_logprobs``'): temperature finite and ``>= 0``, top-k ``>= 0``, top-p in
+    ``(0, 1]``, min-p in ``[0, 1]``."""
+    return (
+        _in_range(temp, has_temp, np.float32(0.0), _FLOAT32_MAX, False)
+        and _in_range(top_k, has_top_k, 0, _INT32_MAX, False)
+        and _in_range(top_p, has_top_p, np.float32(0.0), np.float32(1.0), True)
+        and _in_range(min_p, has_min_p, np.float32(0.0), np.float32(1.0), False)
+    )
+
+
+@jit
 def philox_uniform(seed, counter, stream):
     """The float32 uniform of ``(seed, counter, stream)``: Philox4x32-10, bit-identical to
     ``kernels/philox.py`` and ``cpu/philox.py`` (the mapping is documented there)."""

@@ -11,15 +11,98 @@ ties go to the lower id through one int64 key per logit, the logit's order-prese
 Values are taken only at the ``N + 1`` ids a slot reports, against a float64 normaliser
 (an fp32 ``log_softmax`` drifts by ~2e-5 at V = 152k). Temporaries: the fp32 rows and one
 int64 key per logit.
+
+The processed modes' values of a sampled request come from one Triton program per slot
+(``_processed_values_kernel``), which finds the row's maximum, weights and filters'
+threshold with the sampler's own functions (``kernels/sampling.py``), so its kept set is
+the one ``rejection_sample``'s kernel samples from, and overwrites the slot's ``N + 1``
+values.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from specdec_kernels.kernels import _utils
+from specdec_kernels.kernels import rejection as _rejection
+from specdec_kernels.kernels._utils import next_pow2
+from specdec_kernels.kernels.sampling import EXP2_MIN, LOG2E, _filter_threshold, _row_max, _row_sums
 
 _LOW32 = (1 << 32) - 1
+
+
+@triton.jit
+def _processed_values_kernel(
+    logits_ptr,
+    stride_lr,
+    stride_lv,
+    rows_ptr,
+    emitted_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    ids_ptr,
+    values_ptr,
+    V,
+    K1,
+    NP1,
+    HAS_TOP_K: tl.constexpr,
+    HAS_TOP_P: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
+    LOGITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
+    NPIV: tl.constexpr,
+    ID_BLOCK: tl.constexpr,
+):
+    """Slot ``s`` of request ``b`` (emitted, ``temperature[b] > 0``): the values of its
+    ``NP1`` ids in the row as sampled, ``l / T`` or ``(l - m) / T - log S`` where the
+    weight's bits are ``>= t``, -inf elsewhere. A logprobs slot whose row has no finite
+    maximum keeps the raw value (its maxima share the mass, as in the raw mode)."""
+    s = tl.program_id(0).to(tl.int64)
+    b = s // K1
+    T = tl.load(temp_ptr + b).to(tl.float32)
+    live = (s % K1) < tl.load(emitted_ptr + b)
+    if live & (T > 0.0):
+        row_ptr = logits_ptr + tl.load(rows_ptr + s) * stride_lr
+        m, arg = _row_max(row_ptr, V, stride_lv, BLOCK)
+        go = (m > float("-inf")) & (m < float("inf"))
+        if LOGITS:
+            go = go | True
+        if go:
+            scale2 = (LOG2E / T) * 2.0
+            t_min = 0
+            if HAS_MIN_P:
+                t_min = tl.load(min_p_ptr + b).to(tl.float32).to(tl.int32, bitcast=True)
+            S_z, S_min, e_x, S_raw = _row_sums(
+                row_ptr, V, stride_lv, scale2, m, 0, t_min, HAS_MIN_P=HAS_MIN_P, WANT_X=False,
+                LOGPROBS=False, BLOCK=BLOCK,
+            )  # fmt: skip
+            t, S = _filter_threshold(
+                row_ptr, V, stride_lv, scale2, m, S_z, S_min, b, top_k_ptr, top_p_ptr, t_min,
+                HAS_TOP_K=HAS_TOP_K, HAS_TOP_P=HAS_TOP_P, HAS_MIN_P=HAS_MIN_P, BLOCK=BLOCK,
+                SEARCH_BLOCK=SEARCH_BLOCK, NPIV=NPIV,
+            )  # fmt: skip
+            log_s = tl.log(S)
+            for c in range(0, NP1, ID_BLOCK):
+                offs = c + tl.arange(0, ID_BLOCK)
+                mask = offs < NP1
+                ids = tl.load(ids_ptr + s * NP1 + offs, mask=mask, other=0)
+                l = tl.load(row_ptr + ids * stride_lv, mask=mask, other=float("-inf"))
+                l = l.to(tl.float32)
+                l = tl.where(l != l, float("-inf"), l)
+                z = (l * 0.5 - m * 0.5) * scale2
+                e = tl.where(z > EXP2_MIN, tl.exp2(z), 0.0)
+                e = tl.where(l == m, 1.0, e)
+                if LOGITS:
+                    v = l / T
+                else:
+                    v = (l - m) / T - log_s
+                kept = e.to(tl.int32, bitcast=True) >= t
+                tl.store(values_ptr + s * NP1 + offs, tl.where(kept, v, float("-inf")), mask=mask)
 
 
 def _order_keys(x: torch.Tensor) -> torch.Tensor:
@@ -33,8 +116,8 @@ def _order_keys(x: torch.Tensor) -> torch.Tensor:
 
 
 def top_logprobs(
-    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, *, num_logprobs,
-    logprobs_mode,
+    target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, temperature=None,
+    top_k=None, top_p=None, min_p=None, *, num_logprobs, logprobs_mode,
 ):  # fmt: skip
     """The CUDA implementation of ``specdec::top_logprobs`` (registered directly)."""
     B, K1 = output_token_ids.shape
@@ -60,7 +143,7 @@ def top_logprobs(
     n_max = (x == m).sum(1, keepdim=True)
     ids = _LOW32 - (_order_keys(x).topk(N, dim=1).values & _LOW32) if N else tok[:, :0]
     picked = torch.cat([x.gather(1, ids), x_tok], 1)  # the N values and the token's
-    if logprobs_mode == "raw_logits":
+    if logprobs_mode.endswith("_logits"):
         values = picked
     else:  # (x - m) - log S, S summed in float64; no finite maximum: -log n at the n maxima
         finite = torch.isfinite(m)
@@ -71,6 +154,19 @@ def top_logprobs(
             ((picked - safe_m) - log_s).float(),
             torch.where(picked == m, -torch.log(n_max.float()), float("-inf")),
         )
+    if logprobs_mode.startswith("processed") and temperature is not None:
+        values = values.contiguous()
+        _processed_values_kernel[(B * K1,)](
+            logits_ptr=target_logits, stride_lr=target_logits.stride(0),
+            stride_lv=target_logits.stride(1), rows_ptr=rows.flatten().contiguous(),
+            emitted_ptr=num_emitted, temp_ptr=temperature, top_k_ptr=top_k, top_p_ptr=top_p,
+            min_p_ptr=min_p, ids_ptr=torch.cat([ids, tok], 1).contiguous(), values_ptr=values,
+            V=V, K1=K1, NP1=N + 1, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
+            HAS_MIN_P=min_p is not None, LOGITS=logprobs_mode.endswith("_logits"),
+            BLOCK=min(1024, max(16, next_pow2(V))), SEARCH_BLOCK=min(128, max(16, next_pow2(V))),
+            NPIV=_rejection.SEARCH_PIVOTS or (16 if target_logits.is_cuda else 1024),
+            ID_BLOCK=min(128, next_pow2(N + 1)),
+        )  # fmt: skip
     live = live.flatten()[:, None]
     top_ids.copy_(torch.where(live, ids, -1).view(B, K1, N))
     top_vals.copy_(torch.where(live, values[:, :N], 0.0).view(B, K1, N))

@@ -48,7 +48,14 @@ def _first_argmax(row: torch.Tensor) -> int:
 
 
 def _kept_weights(row: torch.Tensor, T: float, k: int, top_p: float, min_p: float):
-    """The sampled row's kept fp32 weights ``w`` (``p = w / sum w``), literal filters.
+    """The sampled row's kept fp32 weights ``w`` (``p = w / sum w``): :func:`kept_set`'s
+    weights, 0 outside the kept set."""
+    e, keep = kept_set(row, T, k, top_p, min_p)
+    return torch.where(keep, e, 0.0)
+
+
+def kept_set(row: torch.Tensor, T: float, k: int, top_p: float, min_p: float):
+    """The sampled row's fp32 weights ``e`` and the filters' kept set (bool), literal filters.
 
     ``e = 1`` where ``l == max l``, else ``exp2(z)`` for ``z = (l/2 - m/2) * (2 * log2(e) / T)
     > -126`` and 0 below (``z`` is ``(l - m) / T`` in base 2, halved so that ``l - m`` cannot
@@ -71,7 +78,7 @@ def _kept_weights(row: torch.Tensor, T: float, k: int, top_p: float, min_p: floa
         keep = keep & (above < torch.tensor(top_p, dtype=torch.float32) * ek.sum())
     if min_p > 0.0:  # min-p: p(x) >= min_p * max p; the max weight is 1
         keep = keep & (e >= torch.tensor(min_p, dtype=torch.float32))
-    return torch.where(keep, e, 0.0)
+    return e, keep
 
 
 def _log_prob(raw: torch.Tensor, t: int) -> float:
