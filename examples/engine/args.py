@@ -144,8 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="the top-N raw logprobs of every output token (top_logprobs); runs (b) and (a) "
+        help="the top-N logprobs of every output token (top_logprobs); runs (b) and (a) "
         "are compared (default: none)",
+    )
+    g.add_argument(
+        "--logprobs-mode",
+        choices=("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"),
+        default="raw_logprobs",
+        help="vLLM's setting of that name: the raw rows, or the rows as sampled (after the "
+        "processing, the temperature and top-p) (default: raw_logprobs)",
     )
     return p
 

@@ -70,6 +70,7 @@ def new_engine(model, *, k, batch, args, stop_ids, verify_costs=None, corpus=0):
         draft_policy=policy,
         corpus_tokens=corpus,
         scoring=args.scoring,
+        logprobs_mode=args.logprobs_mode,
     )
     if policy == "adaptive":
         costs = verify_costs if verify_costs is not None else {}

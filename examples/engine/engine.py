@@ -37,6 +37,7 @@ from specdec_kernels.ops import (
     new_ngram_index,
     ngram_index_build,
 )
+from specdec_kernels.ops.logprobs import LOGPROBS_MODES
 
 __all__ = ["DRAFT_POLICIES", "Completion", "Engine", "EngineError", "RunStats", "SamplingParams"]
 
@@ -56,7 +57,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[list[int]] = field(default_factory=list)  # token ids of each word
     min_tokens: int = 0  # the stop tokens are banned until this many output tokens
-    logprobs: int | None = None  # the top-N raw logprobs of every output token (None: none)
+    logprobs: int | None = None  # the top-N logprobs of every output token (None: none)
 
 
 @dataclass
@@ -125,6 +126,7 @@ class Engine:
         verify_cost: torch.Tensor | None = None,
         corpus_tokens: int = 0,
         scoring: str = "longest",
+        logprobs_mode: str = "raw_logprobs",
     ):
         if draft_policy not in DRAFT_POLICIES:
             raise EngineError(f"draft_policy must be one of {DRAFT_POLICIES}, got {draft_policy!r}")
@@ -143,6 +145,10 @@ class Engine:
             raise EngineError(
                 f"a frequency corpus needs >= 8 (min_n + 2) slots, got {corpus_tokens}"
             )
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise EngineError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
+            )
         if max_batch_size < 1:
             raise EngineError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if not 2 <= max_model_len <= model.cfg.max_position_embeddings:
@@ -154,6 +160,7 @@ class Engine:
         self.draft_policy = draft_policy
         self.k = 0 if draft_policy == "none" else num_speculative_tokens
         self.min_n, self.max_n, self.scoring = min_n, max_n, scoring
+        self.logprobs_mode = logprobs_mode
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.R = R = max_batch_size
@@ -346,7 +353,9 @@ class Engine:
         self.processing = ProcessingState.for_run(params, self.R, V, self.device)
         N = max((sp.logprobs for sp in params if sp.logprobs is not None), default=None)
         self.logprobs = (
-            None if N is None else LogprobsBuffer(self.R, self.max_model_len, N, self.device)
+            None
+            if N is None
+            else LogprobsBuffer(self.R, self.max_model_len, N, self.device, self.logprobs_mode)
         )
 
         if self.adaptive and self.verify_cost is None:

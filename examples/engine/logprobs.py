@@ -1,6 +1,7 @@
 """Per-token logprobs of the example engine (``SamplingParams.logprobs = N``, vLLM's name):
-the committed tokens' own raw logprob and rank and the top N of their rows, from
-``top_logprobs``, kept on the device per state row and read back once per finished request.
+the committed tokens' own logprob and rank and the top N of their rows, from
+``top_logprobs`` in the engine's ``logprobs_mode`` (vLLM's four settings), kept on the device
+per state row and read back once per finished request.
 """
 
 from __future__ import annotations
@@ -14,19 +15,22 @@ class LogprobsBuffer:
     """Device buffers ``[R, max_model_len + 1, ...]`` indexed by token position; column
     ``max_model_len`` takes the writes of slots that committed nothing."""
 
-    def __init__(self, R: int, max_model_len: int, N: int, device):
+    def __init__(self, R: int, max_model_len: int, N: int, device, mode: str = "raw_logprobs"):
         L = max_model_len + 1
-        self.N, self.trash = N, max_model_len
+        self.N, self.trash, self.mode = N, max_model_len, mode
+        self.processed = mode.startswith("processed")
         self.token_lp = torch.zeros((R, L), dtype=torch.float32, device=device)
         self.rank = torch.zeros((R, L), dtype=torch.int32, device=device)
         self.ids = torch.full((R, L, N), -1, dtype=torch.int32, device=device)
         self.values = torch.zeros((R, L, N), dtype=torch.float32, device=device)
 
-    def record(self, raw_logits, cu, rs, num_committed, req_indices, start) -> None:
+    def record(self, logits, cu, rs, num_committed, req_indices, start, **sampling) -> None:
         """Store the step's committed slots: slot ``j < num_committed[b]`` is the token at
-        position ``start[b] + j`` of state row ``req_indices[b]`` (no host read)."""
-        lp = top_logprobs(raw_logits, rs.output_token_ids, rs.num_emitted, cu, num_logprobs=self.N,
-                          validate=False)  # fmt: skip
+        position ``start[b] + j`` of state row ``req_indices[b]`` (no host read). ``logits``:
+        the raw rows, or in the processed modes the processed ones; ``sampling``: the
+        temperature and filters ``rejection_sample`` took."""
+        lp = top_logprobs(logits, rs.output_token_ids, rs.num_emitted, cu, num_logprobs=self.N,
+                          logprobs_mode=self.mode, validate=False, **sampling)  # fmt: skip
         B, K1 = rs.output_token_ids.shape
         j = torch.arange(K1, device=cu.device)
         pos = start.long()[:, None] + j

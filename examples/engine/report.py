@@ -148,7 +148,8 @@ def logprobs_line(what: str, base, other) -> str:
             total += 1
             same += la[1] == lb[1] and list(la[2]) == list(lb[2])
             shared = la[2].keys() & lb[2].keys()  # near-ties may swap an id at the N-th place
-            worst = max([worst, abs(la[0] - lb[0])] + [abs(la[2][t] - lb[2][t]) for t in shared])
+            pairs = [(la[0], lb[0])] + [(la[2][t], lb[2][t]) for t in shared]
+            worst = max([worst] + [0.0 if x == y else abs(x - y) for x, y in pairs])  # -inf
     return (
         f"- {what}: ranks and top-N ids identical for {same}/{total} tokens, logprobs within "
         f"{worst:.2g}"

@@ -28,7 +28,8 @@ class Completion:
     steps: int
     logprobs: list[tuple] | None = None
     """With ``SamplingParams.logprobs = N``: per output token ``(logprob, rank, {id:
-    logprob} of the top N)``, raw logprobs (before any processing, vLLM's default mode)."""
+    logprob} of the top N)``, in the engine's ``logprobs_mode`` (default ``raw_logprobs``:
+    before any processing, vLLM's default)."""
 
 
 @dataclass

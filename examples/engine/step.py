@@ -19,6 +19,7 @@ from specdec_kernels.ops import (
     ngram_propose,
     plan_draft_lengths,
     prepare_verify_inputs,
+    process_logits,
     rejection_sample,
     sampling_offsets,
     update_acceptance_stats,
@@ -85,15 +86,24 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
     # Verification of the processed rows: a draft is kept iff it is the token the plain
     # sampler emits at its row (coupled verification), then one bonus or recovered token
     # per request.
+    sampling = dict(
+        temperature=eng.temperature[r] if sampled else None,
+        top_p=eng.top_p[r] if sampled and use_top_p else None,
+    )
     rs = rejection_sample(
         logits, drafts, vi.cu_num_draft_tokens,
         num_speculative_tokens=k,
-        temperature=eng.temperature[r] if sampled else None,
-        top_p=eng.top_p[r] if sampled and use_top_p else None,
         seeds=eng.seeds[r] if sampled else None,
         offsets=sampling_offsets(eng.num_tokens, req_indices) if sampled else None,
         processing=processing,
+        **sampling,
     )  # fmt: skip
+
+    logprob_rows = logits
+    if eng.logprobs is not None and eng.logprobs.processed and processing is not None:
+        # the processed rows, before the commit moves the histories they count
+        logprob_rows = process_logits(logits, drafts, vi.cu_num_draft_tokens,
+                                      **processing._asdict())  # fmt: skip
 
     # Commit the emitted tokens to the persistent state; stop tokens and budgets end
     # requests (the stop token is committed).
@@ -106,10 +116,11 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
     )  # fmt: skip
 
     if eng.logprobs is not None:
-        # The committed tokens' logprobs and top N (top_logprobs) of the raw rows (vLLM's
-        # default, raw_logprobs), kept on the device.
-        eng.logprobs.record(logits, vi.cu_num_draft_tokens, rs, cm.num_committed,
-                            req_indices, start)  # fmt: skip
+        # The committed tokens' logprobs and top N (top_logprobs), kept on the device: of
+        # the raw rows (vLLM's default, raw_logprobs), or of the rows as sampled (the
+        # processed modes: the processing, then the temperature and top-p).
+        eng.logprobs.record(logprob_rows, vi.cu_num_draft_tokens, rs, cm.num_committed,
+                            req_indices, start, **sampling)  # fmt: skip
 
     if eng.index is not None:
         # The committed tokens' n-grams (or contexts) join the own-history index ...

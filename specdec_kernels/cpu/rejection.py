@@ -55,6 +55,7 @@ from specdec_kernels.cpu.sampling import (
     row_weights,
 )
 
+
 def require_seeds_and_offsets(temperature, seeds, offsets) -> None:
     """The op's one structural check (shared by the CPU path, the Triton launcher and the
     fake): sampled rows need ``seeds`` and ``offsets``."""
