@@ -7,6 +7,11 @@ slot, ``log_softmax``, ``topk``, the emitted token's logprob and its rank by a c
 works on all ``B (k + 1)`` slots (no host synchronisation), where the op reads only the
 rows that emitted a token. The check: the same ids, ranks and values (to 1e-5) on the
 emitted slots (random fp32 logits: no ties).
+
+``mode=processed_logprobs`` cases (temperature 0.8, top-p 0.9): the op's processed mode vs
+vLLM's processed rule restated in torch (every slot's row divided by its temperature, the
+sort-based top-p mask of its ``apply_top_k_top_p``, then the same ``log_softmax`` and
+``topk``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,12 @@ BATCHES = (1, 8, 64)
 VOCABS = (32000, 151936)
 NS = (5, 20)
 SPECS = [{"B": b, "V": v, "N": n} for b, v, n in itertools.product(BATCHES, VOCABS, NS)]
-QUICK_SPECS = [{"B": 2, "V": 300, "N": 5}]
+SPECS += [
+    {"B": b, "V": v, "N": 20, "mode": "processed_logprobs"}
+    for b, v in itertools.product(BATCHES, VOCABS)
+]
+QUICK_SPECS = [{"B": 2, "V": 300, "N": 5}, {"B": 2, "V": 300, "N": 5, "mode": "processed_logprobs"}]
+TEMPERATURE, TOP_P = 0.8, 0.9
 BASELINES = ["torch"]
 
 
@@ -53,6 +63,30 @@ def top_logprobs_torch(logits, out, cu, N):
     return tok_lp, ranks, top.indices, top.values
 
 
+def processed_rows_torch(rows, temperature, top_p):
+    """vLLM's processed rows: ``rows / T``, then its sort-based top-p mask (ascending sort,
+    softmax, cumsum; drop while the mass below is ``<= 1 - p``, keep the top one) at -inf."""
+    x = rows.float() / temperature[:, None]
+    sorted_x, order = x.sort(dim=-1)
+    below = sorted_x.softmax(-1).cumsum(-1) <= (1 - top_p[:, None])
+    below[:, -1] = False
+    return x.scatter(1, order, sorted_x.masked_fill(below, float("-inf")))
+
+
+def processed_top_logprobs_torch(logits, out, cu, N, temperature, top_p):
+    """vLLM's verify-step processed logprobs: the processed rows, then log_softmax, topk."""
+    B, K1 = out.shape
+    start = cu[:-1].long() + torch.arange(B, device=logits.device)
+    index = (start[:, None] + torch.arange(K1, device=logits.device)).flatten()
+    per_slot = torch.arange(B, device=logits.device).repeat_interleave(K1)
+    rows = processed_rows_torch(logits[index.clamp(max=logits.shape[0] - 1)],
+                                temperature[per_slot], top_p[per_slot])  # fmt: skip
+    lsm = rows.log_softmax(-1)
+    top = lsm.topk(N, dim=-1)
+    tok_lp = lsm.gather(1, out.flatten().long().clamp(min=0)[:, None])
+    return tok_lp, (lsm >= tok_lp).sum(-1), top.indices, top.values
+
+
 def _float64_top(logits, out, cu, N):
     """Every slot's token logprob and top-N values from a float64 log_softmax, and the
     token's rank counted on the logits."""
@@ -72,6 +106,8 @@ def bytes_moved(B: int, V: int, N: int) -> int:
 
 
 def build(spec: dict) -> Case:
+    if spec.get("mode") == "processed_logprobs":
+        return _processed_case(spec)
     B, V, N = spec["B"], spec["V"], spec["N"]
     logits, out, emitted, cu = _inputs(B, V)
     impls = {
@@ -100,6 +136,42 @@ def build(spec: dict) -> Case:
             f"({merged} of torch's differ), values == float64 log_softmax to 1e-5 (torch "
             f"fp32: {err:.1e} off)"
         )
+
+    return Case(OP_NAME, dict(spec), impls, check, bytes_moved(B, V, N))
+
+
+def _processed_case(spec: dict) -> Case:
+    B, V, N = spec["B"], spec["V"], spec["N"]
+    logits, out, emitted, cu = _inputs(B, V)
+    T, P = torch.full((B,), TEMPERATURE), torch.full((B,), TOP_P)
+    impls = {
+        OP: lambda: top_logprobs(
+            logits,
+            out,
+            emitted,
+            cu,
+            num_logprobs=N,
+            temperature=T,
+            top_p=P,
+            logprobs_mode="processed_logprobs",
+        ),  # fmt: skip
+        "torch": lambda: processed_top_logprobs_torch(logits, out, cu, N, T, P),
+    }
+
+    def check() -> str:
+        got, want = impls[OP](), impls["torch"]()
+        live = (torch.arange(K + 1)[None, :] < emitted[:, None]).flatten()
+        ids, vals = got.top_token_ids.flatten(0, 1)[live], got.top_logprobs.flatten(0, 1)[live]
+        finite = torch.isfinite(vals)  # unkept ids tie at -inf: torch's order among them is its own
+        assert torch.equal(finite, torch.isfinite(want[3][live])), "kept sets differ"
+        assert torch.equal(ids[finite], want[2][live][finite].to(torch.int32)), "top ids != torch"
+        # torch's fp32 log_softmax over the kept ids drifts by a few 1e-5
+        torch.testing.assert_close(vals, want[3][live], rtol=1e-4, atol=1e-4)
+        kept = torch.isfinite(got.token_logprobs.flatten()[live])
+        same = torch.equal(kept, torch.isfinite(want[0][live, 0]))
+        assert same, "kept sets differ at an emitted token"
+        return (f"op == vLLM's processed rule (ids; values to 1e-4) on {int(live.sum())} slots, "
+                f"{int(kept.sum())} emitted tokens in the kept set")  # fmt: skip
 
     return Case(OP_NAME, dict(spec), impls, check, bytes_moved(B, V, N))
 

@@ -152,25 +152,33 @@ def bench_logprobs(rows: G.Rows, specs) -> None:
     """``top_logprobs`` on the device vs its CPU path (ids and ranks exactly, values to
     1e-5) and vs vLLM's torch rule on every slot (bench/cases_logprobs.py)."""
     for spec in specs:
-        _logprobs_case(rows, spec["B"], spec["V"], spec["N"])
+        _logprobs_case(rows, spec["B"], spec["V"], spec["N"], spec.get("mode"))
 
 
-def _logprobs_case(rows, B, V, N) -> None:
+def _logprobs_case(rows, B, V, N, mode=None) -> None:
     from bench import cases_logprobs as P
     from specdec_kernels.ops import top_logprobs
 
-    label = f"B={B} V={V} N={N}"
+    label = f"B={B} V={V} N={N}" + (f" mode={mode}" if mode else "")
     cpu_in = P._inputs(B, V)
     a = tuple(G._to(t, G.DEVICE) for t in cpu_in)
-    want = top_logprobs(*cpu_in, num_logprobs=N)
-    got = top_logprobs(*a, num_logprobs=N)
+    kw = dict(num_logprobs=N)
+    T, p = torch.full((B,), P.TEMPERATURE), torch.full((B,), P.TOP_P)
+    if mode:  # the processed mode: sampled rows at temperature 0.8, top-p 0.9
+        kw.update(logprobs_mode=mode, temperature=G._to(T, G.DEVICE), top_p=G._to(p, G.DEVICE))
+    want = top_logprobs(*cpu_in, **dict(kw, temperature=T, top_p=p) if mode else kw)
+    got = top_logprobs(*a, **kw)
     assert G._equal(got.top_token_ids, want.top_token_ids), f"CUDA ids != CPU at {label}"
     assert G._equal(got.token_ranks, want.token_ranks), f"CUDA ranks != CPU at {label}"
     torch.testing.assert_close(got.top_logprobs.cpu(), want.top_logprobs, rtol=1e-5, atol=1e-6)
     rows.note(f"top_logprobs {label}: CUDA op == CPU op (ids, ranks; values to 1e-5)")
     nbytes = P.bytes_moved(B, V, N)
-    op = lambda: top_logprobs(*a, num_logprobs=N)  # noqa: E731
+    op = lambda: top_logprobs(*a, **kw)  # noqa: E731
     torch_fn = lambda: P.top_logprobs_torch(a[0], a[1], a[3], N)  # noqa: E731
+    if mode:
+        torch_fn = lambda: P.processed_top_logprobs_torch(  # noqa: E731
+            a[0], a[1], a[3], N, kw["temperature"], kw["top_p"]
+        )
     rows.add("top_logprobs", label, "op", "bench", G.time_kernel(op), nbytes)
     rows.add("top_logprobs", label, "torch", "bench", G.time_kernel(torch_fn), nbytes)
 

@@ -147,6 +147,10 @@ def test_gpu_suite_logic_runs_on_cpu_with_stub_timers(monkeypatch, tmp_path):
     assert len(calls) >= 10 and "commit_accepted_tokens" in text
     assert all("exactly" in n or "uniforms" in n or "bit for bit" in n for n in rows.notes)
     assert "process_logits" in text and "frequency step" in text
+    from bench import cases_logprobs  # raw and processed modes (values compared to 1e-5)
+
+    cases.bench_logprobs(rows, cases_logprobs.QUICK_SPECS)
+    assert sum("top_logprobs" in n and "CUDA op == CPU op" in n for n in rows.notes) == 2
 
 
 def test_gpu_check_script_parses_and_module_refuses_without_cuda():
