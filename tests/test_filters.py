@@ -11,25 +11,21 @@ from specdec_kernels.cpu import filters
 
 def walk_over_sorted(w: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.float32:
     """The threshold by the contract's statement, on the whole row sorted: the k-th largest
-    weight; then, over the weights >= it, a float32 running mass largest first until it
-    reaches ``top_p`` times their float32 sum in id order; then min-p."""
+    weight; then, over the weights >= it, a float64 running mass largest first until it
+    reaches ``top_p`` times their float64 sum; then min-p."""
     V = w.shape[0]
     f32 = np.float32
     t = f32(0.0)
     if 0 < top_k < V:
         t = np.sort(w)[::-1][top_k - 1]
     if top_p < 1.0:
-        S = f32(0.0)
-        for x in w:
-            if x >= t:
-                S = f32(S + x)
-        bound = f32(f32(top_p) * S)
+        bound = np.float64(f32(top_p)) * w[w >= t].astype(np.float64).sum()
         s = np.sort(w[w >= t])[::-1]
-        above, last = f32(0.0), s[0]
+        above, last = np.float64(0.0), s[0]
         for x in s:
             if not above < bound:
                 break
-            above, last = f32(above + x), x
+            above, last = above + np.float64(x), x
         t = max(t, last)
     if min_p > 0.0:
         t = max(t, f32(min_p))
@@ -98,11 +94,38 @@ def test_random_rows_and_parameters():
 
 
 def test_the_walk_stops_when_the_mass_reaches_the_bound_exactly():
-    w = np.float32([0.5, 1.0, 0.5, 0.25])  # S = 2.25; top-p 4/9 -> bound 1.0 = the mass of 1.0
-    top_p = np.float32(1.0) / np.float32(2.25)
-    assert np.float32(top_p * np.float32(2.25)) == 1.0
+    w = np.float32([0.5, 1.0, 0.25, 0.25])  # S = 2; top-p 1/2 -> bound 1.0 = the mass of 1.0
     work = np.empty(8, np.float32)
-    assert filters.threshold(w, 4, 0, top_p, np.float32(0.0), work) == 1.0  # only the top one
+    assert filters.threshold(w, 4, 0, np.float32(0.5), np.float32(0.0), work) == 1.0  # the top
+    # a hair more and the next weight joins
+    assert filters.threshold(w, 4, 0, np.float32(0.5000001), np.float32(0.0), work) == 0.5
+
+
+def test_the_nucleus_mass_is_summed_in_float64():
+    # one weight of 1 and 150000 distinct weights near 1e-5: a float32 running mass over
+    # this row drifts by ~1e-4 of the total and moves the boundary by dozens of ids; the
+    # float64 walk keeps what exact arithmetic keeps (to an id)
+    V = 150001
+    w = np.empty(V, np.float32)
+    w[0] = 1.0
+    w[1:] = np.float32(1e-5) * (1 + np.arange(V - 1, 0, -1, dtype=np.float32) * 1e-7)
+    w[1:] = np.random.default_rng(0).permutation(w[1:])  # ids in no particular order
+    top_p = np.float32(0.9)
+    desc = np.sort(w.astype(np.float64))[::-1]
+    bound = np.float64(top_p) * desc.sum()
+    exact = int(((np.cumsum(desc) - desc) < bound).sum())
+    work = np.empty(2 * V, np.float32)
+    t = filters.threshold(w.copy(), V, 0, top_p, np.float32(0.0), work)
+    assert abs(int((w >= t).sum()) - exact) <= 1, (int((w >= t).sum()), exact)
+    S32 = np.float32(0.0)  # the float32 sums this replaced, for contrast: S in id order
+    for x in w:
+        S32 = np.float32(S32 + x)
+    f32_mass, n32 = np.float32(0.0), 0
+    for x in desc.astype(np.float32):
+        if not f32_mass < np.float32(top_p * S32):
+            break
+        f32_mass, n32 = np.float32(f32_mass + x), n32 + 1
+    assert abs(n32 - exact) > 50  # (149 here) what the float64 sums are for
 
 
 def test_the_radix_sort_orders_a_bucket():

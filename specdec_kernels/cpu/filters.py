@@ -3,10 +3,11 @@ CPU path of sampled verification (``cpu/rejection.py``).
 
 The kept set is ``{e >= t}`` for one threshold ``t`` (``docs/design.md``, "Weights"). Top-k
 selects the k-th largest weight inside the one bucket (below) that holds it. Top-p
-walks the weights largest first with a float32 running mass and stops once that mass
-reaches the bound; the contract fixes that order, so the walk needs the nucleus in sorted
-order, but only the nucleus. Sorting the whole row (numba's quicksort: ~2.4 ms at
-V = 32000, ~13 ms at V = 151936) cost more than everything else in a sampled row. Here the
+walks the weights largest first with a float64 running mass and stops once that mass
+reaches ``top_p`` times their float64 sum; the contract fixes that order, so the walk
+needs the nucleus in sorted order, but only the nucleus. Sorting the whole row (numba's
+quicksort: ~2.4 ms at V = 32000, ~13 ms at V = 151936) cost more than everything else in a
+sampled row. Here the
 weights are bucketed by their top bits (``bits >> 20``: an eighth of an octave; the order
 of non-negative float32 values is the order of their bits), so one counting pass and one
 scatter pass put them in bucket order, largest bucket first, and the walk sorts only the
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_kernels.cpu._jit import jit
+from specdec_kernels.cpu._jit import jit, jit_with
 
 _SHIFT = 20
 _NB = 1024
@@ -72,22 +73,31 @@ def _kth_largest(w, V, k, work):
     return np.partition(seg, n - (k - above))[n - (k - above)]
 
 
+@jit_with("reassoc")  # reordered: it vectorises (the sum is float64, so order hardly matters)
+def _kept_sum(w, V, t):
+    """The float64 sum of the weights ``>= t``."""
+    S = np.float64(0.0)
+    for i in range(V):
+        S += np.float64(w[i]) if w[i] >= t else 0.0
+    return S
+
+
 @jit
 def _nucleus_last(w, V, t, top_p, work):
-    """Top-p over the weights ``>= t``: with ``S`` their float32 sum in id order and
-    ``bound = top_p * S``, walk them largest first adding each to a float32 running mass
+    """Top-p over the weights ``>= t``: with ``S`` their float64 sum and
+    ``bound = top_p * S``, walk them largest first adding each to a float64 running mass
     until the mass is ``>= bound`` (ties at the boundary: the first one's mass decides);
     returns the last weight added (the largest if none was). The last bucket it can reach
     holds only zeros (the kernels' weights have no subnormals): adding them changes nothing,
-    so it is not sorted (that sort was 10x the rest at V = 151936 with ``top_p`` near 1)."""
+    so it is not sorted (that sort was 10x the rest at V = 151936 with ``top_p`` near 1).
+    (Float32 sums here drifted by ~1e-4 of the mass at V = 151936, moving the boundary by a
+    few ids: more than the float rounding the paths may differ by.)"""
     bits = w[:V].view(np.int32)
     count = np.zeros(_NB, dtype=np.int64)
-    S = np.float32(0.0)
     for i in range(V):
         if w[i] >= t:
-            S += w[i]
             count[_bucket(bits[i])] += 1
-    bound = np.float32(top_p) * S
+    bound = np.float64(top_p) * _kept_sum(w, V, t)
     start = np.empty(_NB, dtype=np.int64)  # bucket b at start[b] .. start[b] + count[b] - 1
     n = 0
     for b in range(_NB - 1, -1, -1):
@@ -100,7 +110,7 @@ def _nucleus_last(w, V, t, top_p, work):
             b = _bucket(bits[i])
             buf[fill[b]] = w[i]
             fill[b] += 1
-    above = np.float32(0.0)
+    above = np.float64(0.0)
     last = np.float32(0.0)
     started = False
     for b in range(_NB - 1, -1, -1):
