@@ -32,6 +32,11 @@ def walk_over_sorted(w: np.ndarray, top_k: int, top_p: float, min_p: float) -> n
     return f32(t)
 
 
+def _total(w: np.ndarray) -> np.float64:
+    """The float64 sum of the weights a caller passes with them (its block sums)."""
+    return w.astype(np.float64).sum()
+
+
 def weights(logits: np.ndarray, T: float = 1.0) -> np.ndarray:
     """Weights as the kernels make them: exp of (l - max) / T, 1 at the maximum, 0 below the
     smallest normal float32."""
@@ -73,7 +78,7 @@ def rows():
 def test_threshold_equals_the_walk_over_the_sorted_row(name, w, top_k, top_p, min_p):
     f32 = np.float32
     work = np.full(2 * w.shape[0], np.nan, np.float32)  # scratch: its contents must not matter
-    got = filters.threshold(w.copy(), w.shape[0], top_k, f32(top_p), f32(min_p), work)
+    got = filters.threshold(w.copy(), w.shape[0], top_k, f32(top_p), f32(min_p), work, _total(w))
     want = walk_over_sorted(w, top_k, top_p, min_p)
     assert f32(got).tobytes() == want.tobytes(), (got, want)
 
@@ -88,7 +93,9 @@ def test_random_rows_and_parameters():
         top_k = int(rng.choice([0, 1, 5, V - 1, V]))
         top_p = float(np.float32(rng.choice([0.1, 0.9, 0.95, 1.0, rng.random()])))
         work = np.empty(2 * V, np.float32)
-        got = filters.threshold(w.copy(), V, top_k, np.float32(top_p), np.float32(0.0), work)
+        got = filters.threshold(
+            w.copy(), V, top_k, np.float32(top_p), np.float32(0.0), work, _total(w)
+        )
         want = walk_over_sorted(w, top_k, top_p, 0.0)
         assert np.float32(got).tobytes() == want.tobytes(), (V, top_k, top_p)
 
@@ -96,9 +103,13 @@ def test_random_rows_and_parameters():
 def test_the_walk_stops_when_the_mass_reaches_the_bound_exactly():
     w = np.float32([0.5, 1.0, 0.25, 0.25])  # S = 2; top-p 1/2 -> bound 1.0 = the mass of 1.0
     work = np.empty(8, np.float32)
-    assert filters.threshold(w, 4, 0, np.float32(0.5), np.float32(0.0), work) == 1.0  # the top
+    assert (
+        filters.threshold(w, 4, 0, np.float32(0.5), np.float32(0.0), work, _total(w)) == 1.0
+    )  # the top
     # a hair more and the next weight joins
-    assert filters.threshold(w, 4, 0, np.float32(0.5000001), np.float32(0.0), work) == 0.5
+    assert (
+        filters.threshold(w, 4, 0, np.float32(0.5000001), np.float32(0.0), work, _total(w)) == 0.5
+    )
 
 
 def test_the_nucleus_mass_is_summed_in_float64():
@@ -115,7 +126,7 @@ def test_the_nucleus_mass_is_summed_in_float64():
     bound = np.float64(top_p) * desc.sum()
     exact = int(((np.cumsum(desc) - desc) < bound).sum())
     work = np.empty(2 * V, np.float32)
-    t = filters.threshold(w.copy(), V, 0, top_p, np.float32(0.0), work)
+    t = filters.threshold(w.copy(), V, 0, top_p, np.float32(0.0), work, _total(w))
     assert abs(int((w >= t).sum()) - exact) <= 1, (int((w >= t).sum()), exact)
     S32 = np.float32(0.0)  # the float32 sums this replaced, for contrast: S in id order
     for x in w:

@@ -31,15 +31,17 @@ _RADIX_MIN = 256
 
 
 @jit
-def threshold(w, V, top_k, top_p, min_p, work):
+def threshold(w, V, top_k, top_p, min_p, work, total):
     """The threshold ``t`` of the kept set ``{e >= t}`` (top-k, then top-p, then min-p on the
     weights ``w[:V]``, max 1); 0 when no filter is on. ``work``: float32 scratch of ``2 V``
-    entries when top-k or top-p is on."""
+    entries when top-k or top-p is on; ``total``: the float64 sum of ``w[:V]`` (the caller's
+    block sums: top-p without top-k needs no pass of its own for it)."""
     t = np.float32(0.0)
     if 0 < top_k < V:
         t = _kth_largest(w, V, top_k, work)
     if top_p < 1.0:
-        t = max(t, _nucleus_last(w, V, t, top_p, work))
+        S = total if t == 0.0 else _kept_sum(w, V, t)
+        t = max(t, _nucleus_last(w, V, t, np.float64(top_p) * S, work))
     if min_p > 0.0:
         t = max(t, np.float32(min_p))
     return t
@@ -83,9 +85,9 @@ def _kept_sum(w, V, t):
 
 
 @jit
-def _nucleus_last(w, V, t, top_p, work):
+def _nucleus_last(w, V, t, bound, work):
     """Top-p over the weights ``>= t``: with ``S`` their float64 sum and
-    ``bound = top_p * S``, walk them largest first adding each to a float64 running mass
+    ``bound = top_p * S`` (float64), walk them largest first adding each to a float64 running mass
     until the mass is ``>= bound`` (ties at the boundary: the first one's mass decides);
     returns the last weight added (the largest if none was). The last bucket it can reach
     holds only zeros (the kernels' weights have no subnormals): adding them changes nothing,
@@ -97,7 +99,6 @@ def _nucleus_last(w, V, t, top_p, work):
     for i in range(V):
         if w[i] >= t:
             count[_bucket(bits[i])] += 1
-    bound = np.float64(top_p) * _kept_sum(w, V, t)
     start = np.empty(_NB, dtype=np.int64)  # bucket b at start[b] .. start[b] + count[b] - 1
     n = 0
     for b in range(_NB - 1, -1, -1):

@@ -66,7 +66,7 @@ def _sampled_row(l32, l16, bf16, g, V, T, k, p, mp, w, blocks, refs, buf, fwork)
     S = row_weights(l32, l16, bf16, g, V, T, w, blocks, refs, buf)[1]
     t = np.float32(0.0)
     if 0 < k < V or p < 1.0 or mp > 0.0:
-        t = threshold(w, V, k, p, mp, fwork)
+        t = threshold(w, V, k, p, mp, fwork, S)
         for i in range(V):
             if w[i] < t:
                 w[i] = 0.0

@@ -178,7 +178,7 @@ def _reject(
                 p_ = top_p[b] if has_top_p else np.float32(1.0)
                 mp = min_p[b] if has_min_p else np.float32(0.0)
                 if 0 < k_ < V or p_ < 1.0 or mp > 0.0:
-                    t = threshold(w, V, k_, p_, mp, fwork)
+                    t = threshold(w, V, k_, p_, mp, fwork, S)
                     for i in range(V):
                         if w[i] < t:
                             w[i] = 0.0
