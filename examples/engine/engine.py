@@ -26,7 +26,7 @@ import torch
 from examples.engine.kv_cache import PagedKVCache
 from examples.engine.llama import Llama
 from examples.engine.logprobs import LogprobsBuffer, as_lists
-from examples.engine.policy import DRAFT_POLICIES, DraftPolicy
+from examples.engine.policy import DRAFT_POLICIES, DraftPolicy, drafting_error
 from examples.engine.processing import ProcessingState
 from examples.engine.stats import Completion, RunStats
 from examples.engine.step import decode_step
@@ -128,23 +128,10 @@ class Engine:
         scoring: str = "longest",
         logprobs_mode: str = "raw_logprobs",
     ):
-        if draft_policy not in DRAFT_POLICIES:
-            raise EngineError(f"draft_policy must be one of {DRAFT_POLICIES}, got {draft_policy!r}")
-        if num_speculative_tokens < 0:
-            raise EngineError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
-        if not 1 <= min_n <= max_n:
-            raise EngineError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        if scoring not in ("longest", "frequency"):
-            raise EngineError(f"scoring must be 'longest' or 'frequency', got {scoring!r}")
-        if scoring == "frequency" and not min_n < max_n <= 1024:
-            raise EngineError(
-                f"scoring='frequency' needs min_n < max_n <= 1024 (max_n is the depth: context "
-                f"plus drafts), got min_n={min_n}, max_n={max_n}"
-            )
-        if scoring == "frequency" and 0 < corpus_tokens < 8 * (min_n + 2):
-            raise EngineError(
-                f"a frequency corpus needs >= 8 (min_n + 2) slots, got {corpus_tokens}"
-            )
+        err = drafting_error(draft_policy, num_speculative_tokens, min_n, max_n, scoring,
+                             corpus_tokens)  # fmt: skip
+        if err is not None:
+            raise EngineError(err)
         if logprobs_mode not in LOGPROBS_MODES:
             raise EngineError(
                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"

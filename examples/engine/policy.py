@@ -24,6 +24,28 @@ from examples.engine.kv_cache import PagedKVCache
 from specdec_kernels.ops import compute_slot_mapping, new_acceptance_stats
 
 DRAFT_POLICIES = ("none", "fixed", "adaptive")
+
+
+def drafting_error(draft_policy, k, min_n, max_n, scoring, corpus_tokens) -> str | None:
+    """What is wrong with an engine's drafting arguments, or None."""
+    if draft_policy not in DRAFT_POLICIES:
+        return f"draft_policy must be one of {DRAFT_POLICIES}, got {draft_policy!r}"
+    if k < 0:
+        return f"num_speculative_tokens must be >= 0, got {k}"
+    if not 1 <= min_n <= max_n:
+        return f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}"
+    if scoring not in ("longest", "frequency"):
+        return f"scoring must be 'longest' or 'frequency', got {scoring!r}"
+    if scoring == "frequency" and not min_n < max_n <= 1024:
+        return (
+            f"scoring='frequency' needs min_n < max_n <= 1024 (max_n is the depth: context "
+            f"plus drafts), got min_n={min_n}, max_n={max_n}"
+        )
+    if scoring == "frequency" and 0 < corpus_tokens < 8 * (min_n + 2):
+        return f"a frequency corpus needs >= 8 (min_n + 2) slots, got {corpus_tokens}"
+    return None
+
+
 ACCEPTANCE_PRIOR = 0.8
 """The acceptance estimate of a newly admitted request (adaptive policy). Optimistic on
 purpose: a position is only observed while the drafts before it match, so a request
