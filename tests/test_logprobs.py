@@ -174,6 +174,32 @@ def test_processed_modes_on_a_named_row(impl):
             assert all(torch.equal(x, y) for x, y in zip(got, raw, strict=True)), (impl, mode)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_processed_values_of_huge_logits_do_not_overflow(impl):
+    # l - m = -6e38 passes the float32 range, (l - m) / T = -2 does not: the token can be
+    # drawn, so its processed logprob is finite (found by fuzzing)
+    a = (torch.tensor([[3e38, -3e38]]), _i32([[1]]), _i32([1]), _i32([0, 0]))
+    got = IMPLS[impl](*a, torch.tensor([3e38]), None, None, None, num_logprobs=2,
+                      logprobs_mode="processed_logprobs")  # fmt: skip
+    log_s = math.log(1 + math.exp(-2))
+    torch.testing.assert_close(got[3][0, 0], torch.tensor([-log_s, -2 - log_s]))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_ties_at_the_top_k_boundary_are_kept_together_across_blocks(impl):
+    # two equal logits 2053 ids apart (different 1024-id blocks, the second after the
+    # maximum) at the k-th place: both kept. The CPU path's one-pass weights once left them
+    # a few ulps apart and kept one (found by fuzzing), and torch's fp32 exp2 in the
+    # reference can do the same by position
+    row = torch.full((2100,), -50.0)
+    row[3], row[7], row[2060], row[2050] = -0.0777, -1.0562, -1.0562, 4.0
+    a = (row[None], _i32([[7]]), _i32([1]), _i32([0, 0]))
+    got = IMPLS[impl](*a, torch.tensor([1.3681574]), _i32([3]), None, None, num_logprobs=4,
+                      logprobs_mode="processed_logprobs")  # fmt: skip
+    assert got[2][0, 0].tolist() == [2050, 3, 7, 2060]
+    assert torch.isfinite(got[3][0, 0]).all() and got[3][0, 0, 2] == got[3][0, 0, 3], impl
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["processed_logprobs", "processed_logits"])
 def test_processed_modes_every_path_equals_the_reference(dtype, mode, kernel_device):

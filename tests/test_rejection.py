@@ -556,6 +556,37 @@ def test_top_k_keeps_every_token_tied_with_the_kth():
     assert got[[1, 4, 5]].sum() == 0 and (got[[0, 2, 3]] > 800).all()
 
 
+def test_top_k_keeps_ties_split_across_blocks():
+    # the tie at the k-th place sits in blocks 0 and 2, on either side of the maximum (block
+    # 2): the CPU path's one-pass weights once rescaled them a few ulps apart and never drew
+    # id 2060; both must be drawn about equally (found by fuzzing processed logprobs)
+    n = 3000
+    row = torch.full((2100,), -50.0)
+    row[3], row[7], row[2060], row[2050] = -0.0777, -1.0562, -1.0562, 4.0
+    b = Batch(
+        logits=row.repeat(n, 1),
+        drafts=torch.zeros(0, dtype=torch.int32),
+        cu=cu_of([0] * n),
+        k=0,
+        temperature=torch.full((n,), 1.3681574),
+        top_k=torch.full((n,), 3, dtype=torch.int32),
+        seeds=torch.arange(n, dtype=torch.int64),
+        offsets=torch.zeros(n, dtype=torch.int64),
+    )
+    got = torch.bincount(run("public", b)[0][:, 0].long(), minlength=2100)
+    assert got[7] > 40 and got[2060] > 40 and got.sum() == got[[3, 7, 2050, 2060]].sum()
+
+
+def test_the_reference_gives_equal_logits_equal_weights():
+    # torch's fp32 exp2 on an AVX-512 CPU gave 100 equal inputs two results an ulp apart
+    # (its vector body and scalar tail), so the oracle itself split ties at a filter's cut
+    for x in torch.linspace(-9.0, -0.5, 40).tolist():
+        row = torch.full((100,), x)
+        row[0] = 0.0
+        e, keep = ref_rej.kept_set(row, 1.0, 2, 1.0, 0.0)
+        assert torch.unique(e[1:]).numel() == 1 and bool(keep[1:].all()), x
+
+
 def test_top_p_keeps_ties_and_the_token_that_crosses_the_mass():
     n = 3000
     row = torch.tensor([1.0, 1.0, 0.0, -1.0])  # p ~ [.39, .39, .15, .05]

@@ -9,7 +9,7 @@ over order keys, vectorised); an insertion happens only where a logit beats the 
 last, so ties stay with the lower id, which came first; then, for ``raw_logprobs``, the
 log-normaliser's pass. Above ``N = 64`` one stable sort of the row gives the top N. In
 the processed modes a sampled request's slot also takes the row's weights and the filters'
-threshold exactly as ``rejection_sample`` does (``row_weights``, ``cpu/filters.py``), and
+threshold exactly as ``rejection_sample`` does (``sampled_weights``, ``cpu/filters.py``), and
 its values are those of the row as sampled.
 """
 
@@ -28,7 +28,7 @@ from specdec_kernels.cpu.sampling import (
     range_max,
     raw_log_normaliser,
     row_max,
-    row_weights,
+    sampled_weights,
 )
 
 
@@ -54,8 +54,8 @@ def processed_value(x, m, T, log_s, n_max, kept, logits_mode):
         return np.float32(-np.inf)
     if logits_mode:
         return np.float32(x / T)
-    if np.isfinite(m):
-        return np.float32(np.float32(x - m) / T - log_s)
+    if np.isfinite(m):  # in float64: l - m can pass the float32 range where (l - m) / T does not
+        return np.float32((np.float64(x) - np.float64(m)) / np.float64(T) - log_s)
     return value_of(x, m, log_s, n_max, False)
 
 
@@ -63,9 +63,10 @@ def processed_value(x, m, T, log_s, n_max, kept, logits_mode):
 def _sampled_row(l32, l16, bf16, g, V, T, k, p, mp, w, blocks, refs, buf, fwork):
     """The row's weights in ``w`` as ``rejection_sample`` samples it, zero below the
     filters' threshold ``t``; returns ``(t, log S)``, ``S`` the kept weights' sum."""
-    S = row_weights(l32, l16, bf16, g, V, T, w, blocks, refs, buf)[1]
+    filtered = 0 < k < V or p < 1.0 or mp > 0.0
+    S = sampled_weights(l32, l16, bf16, g, V, T, w, blocks, refs, buf, filtered)
     t = np.float32(0.0)
-    if 0 < k < V or p < 1.0 or mp > 0.0:
+    if filtered:
         t = threshold(w, V, k, p, mp, fwork, S)
         for i in range(V):
             if w[i] < t:

@@ -52,7 +52,7 @@ from specdec_kernels.cpu.sampling import (
     philox_uniform,
     raw_log_normaliser,
     row_max,
-    row_weights,
+    sampled_weights,
 )
 
 
@@ -173,11 +173,12 @@ def _reject(
                     tok = argmax(s32, l16, s_bf16, sg, V, buf)
                 acc = valid and tok == x
             else:
-                S = row_weights(s32, l16, s_bf16, sg, V, T, w, blocks, refs, buf)[1]
                 k_ = top_k[b] if has_top_k else 0
                 p_ = top_p[b] if has_top_p else np.float32(1.0)
                 mp = min_p[b] if has_min_p else np.float32(0.0)
-                if 0 < k_ < V or p_ < 1.0 or mp > 0.0:
+                filtered = 0 < k_ < V or p_ < 1.0 or mp > 0.0
+                S = sampled_weights(s32, l16, s_bf16, sg, V, T, w, blocks, refs, buf, filtered)
+                if filtered:
                     t = threshold(w, V, k_, p_, mp, fwork, S)
                     for i in range(V):
                         if w[i] < t:

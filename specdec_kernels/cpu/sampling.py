@@ -242,6 +242,19 @@ def row_weights(f32, u16, bf16, g, V, T, w, blocks, refs, buf):
 
 
 @jit
+def sampled_weights(f32, u16, bf16, g, V, T, w, blocks, refs, buf, filtered):
+    """The weights of a sampled row and their float64 total. With a filter on, in two reads
+    (:func:`row_max`, then :func:`weights`): every weight is then a function of its logit
+    alone, so tied logits keep tied weights at the filters' boundaries, where
+    :func:`row_weights`' rescaled blocks can leave them a few ulps apart (and a top-k or
+    top-p cut would keep one of a tie and not the other)."""
+    if filtered:
+        m = row_max(f32, u16, bf16, g, V, buf)
+        return weights(f32, u16, bf16, g, V, m, T, w, blocks, buf)
+    return row_weights(f32, u16, bf16, g, V, T, w, blocks, refs, buf)[1]
+
+
+@jit
 def _rescale(out, factor):
     """``out *= factor`` (< 1), products below the smallest normal float32 set to 0."""
     f = np.float32(factor)

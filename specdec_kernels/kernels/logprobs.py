@@ -99,8 +99,8 @@ def _processed_values_kernel(
                 e = tl.where(l == m, 1.0, e)
                 if LOGITS:
                     v = l / T
-                else:
-                    v = (l - m) / T - log_s
+                else:  # halved, as the weights: l - m can pass the float32 range
+                    v = ((l * 0.5 - m * 0.5) / T) * 2.0 - log_s
                 kept = e.to(tl.int32, bitcast=True) >= t
                 tl.store(values_ptr + s * NP1 + offs, tl.where(kept, v, float("-inf")), mask=mask)
 

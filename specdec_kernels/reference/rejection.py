@@ -66,7 +66,9 @@ def kept_set(row: torch.Tensor, T: float, k: int, top_p: float, min_p: float):
     m = l.max()
     scale = torch.tensor(LOG2E, dtype=torch.float32) / torch.tensor(T, dtype=torch.float32)
     z = (l * 0.5 - m * 0.5) * (scale * 2)
-    e = torch.where(z > EXP2_MIN, torch.exp2(z), 0.0)
+    # exp2 in float64, rounded once: torch's fp32 exp2 can give equal inputs results an ulp
+    # apart by their place in the tensor (its vector and tail loops), splitting ties
+    e = torch.where(z > EXP2_MIN, torch.exp2(z.double()).float(), 0.0)
     e = torch.where(l == m, torch.ones_like(l), e)
     keep = torch.ones(V, dtype=torch.bool)
     larger = e[None, :] > e[:, None]  # larger[x, y]: e(y) > e(x)
