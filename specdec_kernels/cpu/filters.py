@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec_kernels.cpu._jit import jit, jit_with
+from specdec_kernels.cpu.sampling import block_sums, sampled_weights
 
 _SHIFT = 20
 _NB = 1024
@@ -28,6 +29,24 @@ _NB = 1024
 comparison (their entries need not share their top bits)."""
 _RADIX_MIN = 256
 """Buckets with more entries than this are sorted by radix (two passes over 10 bits)."""
+
+
+@jit
+def kept_weights(f32, u16, bf16, g, V, T, top_k, top_p, min_p, w, blocks, refs, buf, work):
+    """Row ``g``'s weights in ``w`` as the sampler draws from them (``sampled_weights``), zero
+    below the filters' threshold ``t``, their block sums in ``blocks``; returns ``(t, S)``,
+    ``S`` the kept weights' float64 sum (``rejection_sample``'s rows and ``top_logprobs``'
+    processed modes)."""
+    filtered = 0 < top_k < V or top_p < 1.0 or min_p > 0.0
+    S = sampled_weights(f32, u16, bf16, g, V, T, w, blocks, refs, buf, filtered)
+    t = np.float32(0.0)
+    if filtered:
+        t = threshold(w, V, top_k, top_p, min_p, work, S)
+        for i in range(V):
+            if w[i] < t:
+                w[i] = 0.0
+        S = block_sums(w, V, blocks)
+    return t, S
 
 
 @jit

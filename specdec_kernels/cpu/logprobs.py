@@ -9,7 +9,7 @@ over order keys, vectorised); an insertion happens only where a logit beats the 
 last, so ties stay with the lower id, which came first; then, for ``raw_logprobs``, the
 log-normaliser's pass. Above ``N = 64`` one stable sort of the row gives the top N. In
 the processed modes a sampled request's slot also takes the row's weights and the filters'
-threshold exactly as ``rejection_sample`` does (``sampled_weights``, ``cpu/filters.py``), and
+threshold exactly as ``rejection_sample`` does (``cpu/filters.py``'s ``kept_weights``), and
 its values are those of the row as sampled.
 """
 
@@ -19,16 +19,14 @@ import numpy as np
 import torch
 
 from specdec_kernels.cpu._jit import NONE_F32, NONE_I32, float_rows, jit, np_, opt, outputs, scratch
-from specdec_kernels.cpu.filters import threshold
+from specdec_kernels.cpu.filters import kept_weights
 from specdec_kernels.cpu.sampling import (
     BLOCK,
     block,
-    block_sums,
     params_ok,
     range_max,
     raw_log_normaliser,
     row_max,
-    sampled_weights,
 )
 
 
@@ -57,22 +55,6 @@ def processed_value(x, m, T, log_s, n_max, kept, logits_mode):
     if np.isfinite(m):  # in float64: l - m can pass the float32 range where (l - m) / T does not
         return np.float32((np.float64(x) - np.float64(m)) / np.float64(T) - log_s)
     return value_of(x, m, log_s, n_max, False)
-
-
-@jit
-def _sampled_row(l32, l16, bf16, g, V, T, k, p, mp, w, blocks, refs, buf, fwork):
-    """The row's weights in ``w`` as ``rejection_sample`` samples it, zero below the
-    filters' threshold ``t``; returns ``(t, log S)``, ``S`` the kept weights' sum."""
-    filtered = 0 < k < V or p < 1.0 or mp > 0.0
-    S = sampled_weights(l32, l16, bf16, g, V, T, w, blocks, refs, buf, filtered)
-    t = np.float32(0.0)
-    if filtered:
-        t = threshold(w, V, k, p, mp, fwork, S)
-        for i in range(V):
-            if w[i] < t:
-                w[i] = 0.0
-        S = block_sums(w, V, blocks)
-    return t, np.log(S)
 
 
 @jit
@@ -171,8 +153,9 @@ def _top(
                 k_ = top_k[b] if has_top_k else 0
                 p_ = top_p[b] if has_top_p else np.float32(1.0)
                 mp = min_p[b] if has_min_p else np.float32(0.0)
-                t, log_s = _sampled_row(l32, l16, bf16, g, V, T, k_, p_, mp, pw, blocks, refs,
-                                        buf, fwork)  # fmt: skip
+                t, S = kept_weights(l32, l16, bf16, g, V, T, k_, p_, mp, pw, blocks, refs, buf,
+                                    fwork)  # fmt: skip
+                log_s = np.log(S)
                 for i in range(N):
                     vals[i] = processed_value(vals[i], m, T, log_s, n_max, pw[ids[i]] >= t,
                                               logits_mode)  # fmt: skip

@@ -30,7 +30,7 @@ from specdec_kernels.cpu._jit import (
     outputs,
     scratch,
 )
-from specdec_kernels.cpu.filters import threshold
+from specdec_kernels.cpu.filters import kept_weights
 from specdec_kernels.cpu.logprobs import value_of
 from specdec_kernels.cpu.processed_argmax import processed_argmax
 from specdec_kernels.cpu.processing import NONE_TENSORS, buffers, tensors
@@ -45,14 +45,12 @@ from specdec_kernels.cpu.sampling import (
     BLOCK,
     argmax,
     block,
-    block_sums,
     inverse_cdf,
     lane_sum,
     params_ok,
     philox_uniform,
     raw_log_normaliser,
     row_max,
-    sampled_weights,
 )
 
 
@@ -176,14 +174,8 @@ def _reject(
                 k_ = top_k[b] if has_top_k else 0
                 p_ = top_p[b] if has_top_p else np.float32(1.0)
                 mp = min_p[b] if has_min_p else np.float32(0.0)
-                filtered = 0 < k_ < V or p_ < 1.0 or mp > 0.0
-                S = sampled_weights(s32, l16, s_bf16, sg, V, T, w, blocks, refs, buf, filtered)
-                if filtered:
-                    t = threshold(w, V, k_, p_, mp, fwork, S)
-                    for i in range(V):
-                        if w[i] < t:
-                            w[i] = 0.0
-                    S = block_sums(w, V, blocks)
+                S = kept_weights(s32, l16, s_bf16, sg, V, T, k_, p_, mp, w, blocks, refs, buf,
+                                 fwork)[1]  # fmt: skip
                 S32 = np.float32(S)  # p = w / S in float32, as the kernel computes it
                 u1 = philox_uniform(seeds[b], offsets[b] + j, 1)
                 coupled = not has_probs or j == kb
