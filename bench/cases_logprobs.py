@@ -182,9 +182,8 @@ def _processed_case(spec: dict) -> Case:
         assert torch.equal(finite, torch.isfinite(want[3][live])), "kept sets differ"
         assert torch.equal(ids[finite], want[2][live][finite].to(torch.int32)), "top ids != torch"
         # values against float64 over the op's own kept set (all V values: the op keeps
-        # the set its sampler draws from, whose top-p walk sums in float32; a float64 walk
-        # keeps a few more ids at V = 152k, torch's ascending fp32 cumsum many more, and
-        # torch's fp32 log_softmax over the kept ids drifts by up to ~5e-4)
+        # the set its sampler draws from; the counts below compare that set with a float64
+        # top-p walk and torch's rule, whose fp32 log_softmax over the kept ids drifts)
         full = top_logprobs(logits, out, emitted, cu, num_logprobs=V, temperature=T, top_p=P,
                             logprobs_mode="processed_logprobs")  # fmt: skip
         ids_all = full.top_token_ids.flatten(0, 1)[live].long()

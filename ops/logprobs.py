@@ -20,7 +20,12 @@ from specdec_kernels.ops._validation import (
     check_tensor,
     should_check_values,
 )
-from specdec_kernels.ops.rejection import LOGIT_DTYPES, check_sampling_params, sampling_param
+from specdec_kernels.ops.rejection import (
+    LOGIT_DTYPES,
+    check_sampling_params,
+    kernel_top_k,
+    sampling_param,
+)
 
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 """The ``logprobs_mode`` values (vLLM's names): the log-softmax of the fp32 target logits, or
@@ -95,8 +100,11 @@ def top_logprobs(
     ``processed_*`` modes take the sampling parameters :func:`rejection_sample` took: a
     request with ``temperature[b] > 0`` gets the values of its rows as sampled (``l / T``,
     or its log-probability, on the filters' kept set; -inf elsewhere), a greedy one the raw
-    values; ids and ranks are the raw modes'. No host synchronisation, static shapes
-    (``torch.ops.specdec.top_logprobs``). Contract: ``docs/design.md``, "``top_logprobs``".
+    values; ids and ranks are the raw modes'. With penalties, bias or masks, pass the
+    :func:`process_logits` rows of the token state verification saw (before
+    :func:`commit_accepted_tokens` appends the step's tokens). No host synchronisation,
+    static shapes (``torch.ops.specdec.top_logprobs``). Contract: ``docs/design.md``,
+    "``top_logprobs``".
 
     Parameters
     ----------
@@ -174,9 +182,8 @@ def top_logprobs(
     value_checks = None
     if should_check_values([target_logits, out, emitted, cu, *params], validate):
         value_checks = functools.partial(_check_values, rows, V, out, emitted, cu, params)
-    temperature, top_k, top_p, min_p = params
-    if top_k is not None:  # int32 for the kernels, as rejection_sample passes it
-        top_k = top_k.clamp(min=-1, max=2**31 - 1).to(torch.int32)
+    temperature, top_p, min_p = params[0], params[2], params[3]
+    top_k = kernel_top_k(params[1])
     tok_lp, tok_rank, top_ids, top_vals = call(
         "top_logprobs",
         target_logits=target_logits,

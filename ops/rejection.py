@@ -126,6 +126,12 @@ _INCLUSIVE_HINT = (
 )
 
 
+def kernel_top_k(top_k: torch.Tensor | None) -> torch.Tensor | None:
+    """``top_k`` as the kernels take it: int32, values past int32 saturated (all of them
+    mean "off"); negatives stay negative, so the CPU kernel's checks refuse them."""
+    return None if top_k is None else top_k.clamp(min=-1, max=2**31 - 1).to(torch.int32)
+
+
 def sampling_param(name, t, dtypes, B, device):
     """A per-request sampling parameter ``[B]`` checked (None stays None), contiguous."""
     if t is None:
@@ -317,8 +323,7 @@ def rejection_sample(
         offsets = torch.zeros((B,), dtype=torch.int64, device=device)
 
     draft_token_ids, cu = draft_token_ids.contiguous(), cu.contiguous()
-    # int32 for the kernels; negatives stay negative, so the CPU kernel's checks refuse them
-    top_k = None if top_k is None else top_k.clamp(min=-1, max=2**31 - 1).to(torch.int32)
+    top_k = kernel_top_k(top_k)
     if proc is not None:
         kwargs = dict(target_logits=target_logits, draft_token_ids=draft_token_ids,
                       cu_num_draft_tokens=cu, draft_probs=draft_probs, temperature=temperature,

@@ -128,7 +128,9 @@ def test_the_nucleus_mass_is_summed_in_float64():
     work = np.empty(2 * V, np.float32)
     t = filters.threshold(w.copy(), V, 0, top_p, np.float32(0.0), work, _total(w))
     assert abs(int((w >= t).sum()) - exact) <= 1, (int((w >= t).sum()), exact)
-    S32 = np.float32(0.0)  # the float32 sums this replaced, for contrast: S in id order
+    # the premise (not library code): on this row the float32 sums the walk used before
+    # (S in id order, a float32 running mass) miss the exact boundary by far
+    S32 = np.float32(0.0)
     for x in w:
         S32 = np.float32(S32 + x)
     f32_mass, n32 = np.float32(0.0), 0

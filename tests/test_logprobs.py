@@ -174,6 +174,35 @@ def test_processed_modes_on_a_named_row(impl):
             assert all(torch.equal(x, y) for x, y in zip(got, raw, strict=True)), (impl, mode)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_processed_modes_every_path_equals_the_reference_on_rows_of_several_blocks(
+    dtype, kernel_device
+):
+    # V past 2 x 1024 and N past 64 (the CPU path's sorted top N), rounded logits (ties
+    # across blocks), every filter now and then
+    g = torch.Generator().manual_seed(len(str(dtype)))
+    for trial in range(4):
+        V = int(torch.randint(2049, 2600, (1,), generator=g))
+        logits = (torch.randn(4, V, generator=g) * 3).round(decimals=trial % 2).to(dtype)
+        out = torch.randint(0, V, (2, 2), generator=g, dtype=I32)
+        emitted, cu = _i32([2, 1]), _i32([0, 1, 2])
+        out[1, 1] = -1
+        params = _sampling_params(g, 2)
+        N = (5, 70, 120, 3)[trial]
+        for mode in ("processed_logprobs", "processed_logits"):
+            want = reference_top(logits, out, emitted, cu, *params, num_logprobs=N,
+                                 logprobs_mode=mode)  # fmt: skip
+            for impl in ("cpu", "cuda"):
+                a = (logits, out, emitted, cu, *params)
+                if impl == "cuda":
+                    a = tuple(None if t is None else t.to(kernel_device) for t in a)
+                got = tuple(t.cpu() for t in IMPLS[impl](*a, num_logprobs=N, logprobs_mode=mode))
+                what = f"{impl} {trial} {mode}"
+                assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), what
+                torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6, msg=what)
+                torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=what)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_processed_values_of_huge_logits_do_not_overflow(impl):
     # l - m = -6e38 passes the float32 range, (l - m) / T = -2 does not: the token can be
@@ -223,8 +252,9 @@ def test_processed_modes_every_path_equals_the_reference(dtype, mode, kernel_dev
 def test_processed_logprobs_are_the_distribution_the_sampler_draws_from():
     # one row, sampled 400 times (k = 0, 400 seeds) with every filter on: each emitted
     # token has a finite processed logprob, the kept set's probabilities sum to 1, and the
-    # token frequencies follow them (a chi-square bound a correct sampler fails ~1e-6 of
-    # the time)
+    # token frequencies follow them (chi-square, ids expected < 5 times pooled into one
+    # bin: a bound a correct sampler passes but for ~4e-5 of seed sets; these seeds are
+    # fixed)
     g = torch.Generator().manual_seed(11)
     V, B = 40, 400
     row = torch.randn(V, generator=g) * 2
@@ -242,9 +272,12 @@ def test_processed_logprobs_are_the_distribution_the_sampler_draws_from():
     p[got.top_token_ids[0, 0].long()] = got.top_logprobs[0, 0].double().exp()
     assert abs(float(p.sum()) - 1) < 1e-5 and 2 <= int((p > 0).sum()) <= 12
     counts = torch.bincount(rs.output_token_ids[:, 0].long(), minlength=V).double()
-    kept = p > 0
-    chi2 = float(((counts[kept] - B * p[kept]) ** 2 / (B * p[kept])).sum())
-    assert chi2 < 40.0, chi2  # at most 11 degrees of freedom: P(chi2 > 40) < 1e-4
+    assert counts[p == 0].sum() == 0
+    big, small = B * p >= 5, (p > 0) & (B * p < 5)
+    observed = torch.cat([counts[big], counts[small].sum().view(1)])
+    expected = torch.cat([B * p[big], (B * p[small]).sum().view(1)])
+    chi2 = float(((observed - expected) ** 2 / expected.clamp(min=1e-12)).sum())
+    assert chi2 < 40.0, chi2  # at most 11 degrees of freedom: P(chi2 > 40) ~ 3.4e-5
 
 
 @pytest.mark.parametrize("impl", ["cpu", "cuda"])
@@ -285,7 +318,7 @@ def test_the_kernels_value_checks_agree_with_the_wrappers():
             logits = logits[: max(int(cu[-1]) + B - 1, 0)]
         params = [None] * 4
         if what == 5:  # a sampling parameter, in range or not
-            i = trial % 4
+            i = (trial // 6) % 4  # each of the four in turn
             bad = [torch.tensor([-0.5, 0.7, 1.0]), torch.tensor([-1, 0, 3]),
                    torch.tensor([0.0, 0.5, 1.0]), torch.tensor([1.5, 0.0, 0.2])][i]  # fmt: skip
             params[i] = bad[torch.randint(0, 3, (B,), generator=g)].to(bad.dtype)

@@ -111,8 +111,9 @@ def _nucleus_last(w, V, t, bound, work):
     returns the last weight added (the largest if none was). The last bucket it can reach
     holds only zeros (the kernels' weights have no subnormals): adding them changes nothing,
     so it is not sorted (that sort was 10x the rest at V = 151936 with ``top_p`` near 1).
-    (Float32 sums here drifted by ~1e-4 of the mass at V = 151936, moving the boundary by a
-    few ids: more than the float rounding the paths may differ by.)"""
+    (Float32 sums here drifted by up to ~6e-4 of the mass at V = 151936 on flat rows, moving
+    the boundary by 3-5 ids on the bench's rows and ~150 on a constructed one: more than the
+    float rounding the paths may differ by.)"""
     bits = w[:V].view(np.int32)
     count = np.zeros(_NB, dtype=np.int64)
     for i in range(V):

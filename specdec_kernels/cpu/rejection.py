@@ -4,12 +4,14 @@ Per request, its target rows in order until the first row that is not accepted (
 never matter, so they are never read): a greedy row is one maximum pass and one pass to
 the first maximal id; a sampled row is one pass that finds the maximum block by block,
 takes the weights against it and sums them by blocks (then rescales the blocks taken
-against an older maximum), the filters (only where on), and an inverse-CDF search that
-reads the weights up to the sample (``cpu/sampling.py``). One-hot drafts are verified by
-coupling (the draft is kept iff it is the row's own sample); with draft probabilities a
-rejected row samples the residual ``max(p - q, 0)``. Uniforms are the library's Philox,
-bit-identical to the kernel's; tokens differ from the kernel's only where a uniform lands
-within float rounding of a CDF boundary (``docs/design.md``, "``rejection_sample``").
+against an older maximum; with a filter on, a maximum pass and a weights pass instead, so
+ties keep equal weights), the filters (only where on), and an inverse-CDF search that
+reads the weights up to the sample (``cpu/sampling.py``, ``cpu/filters.py``). One-hot
+drafts are verified by coupling (the draft is kept iff it is the row's own sample); with
+draft probabilities a rejected row samples the residual ``max(p - q, 0)``. Uniforms are
+the library's Philox, bit-identical to the kernel's; tokens differ from the kernel's only
+where a uniform lands within float rounding of a CDF boundary (``docs/design.md``,
+"``rejection_sample``").
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ writes distinct arrays, and calls no libm (only the rare fallbacks do):
 - the first maximal id compares bits (``-0`` and ``+0`` together), a block at a time;
 - the weights ``e = exp2((l - m) * scale)`` (``kernels/sampling.py`` has the formula and
   why) are taken in the pass that finds the maximum (``row_weights``: against the running
-  maximum, rescaled at the end where it grew), with a degree-6 polynomial for ``2**f`` on
+  maximum, rescaled at the end where it grew; a row with a filter on takes two passes
+  instead, ``sampled_weights``, so that equal logits get equal weights), with a degree-6
+  polynomial for ``2**f`` on
   ``[0, 1)`` (relative error < 1e-7, the float32 rounding of ``exp2``; ``2**0`` is exactly
   1, so the maximum has weight 1) and the exponent added to the bits;
 - block sums of ``BLOCK`` weights in float64 (reordered freely, so they vectorise); the

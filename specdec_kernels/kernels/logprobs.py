@@ -97,10 +97,13 @@ def _processed_values_kernel(
                 z = (l * 0.5 - m * 0.5) * scale2
                 e = tl.where(z > EXP2_MIN, tl.exp2(z), 0.0)
                 e = tl.where(l == m, 1.0, e)
+                # div_rn: an IEEE division (Triton's "/" is ~2 ulp on the GPU), so processed
+                # logits equal the CPU path's and torch's l / T; halved for the logprobs, as
+                # the weights are: l - m can pass the float32 range
                 if LOGITS:
-                    v = l / T
-                else:  # halved, as the weights: l - m can pass the float32 range
-                    v = ((l * 0.5 - m * 0.5) / T) * 2.0 - log_s
+                    v = tl.div_rn(l, T)
+                else:
+                    v = tl.div_rn(l * 0.5 - m * 0.5, T) * 2.0 - log_s
                 kept = e.to(tl.int32, bitcast=True) >= t
                 tl.store(values_ptr + s * NP1 + offs, tl.where(kept, v, float("-inf")), mask=mask)
 
