@@ -174,6 +174,19 @@ def test_processed_modes_on_a_named_row(impl):
             assert all(torch.equal(x, y) for x, y in zip(got, raw, strict=True)), (impl, mode)
 
 
+def _paths_equal_the_reference(a, N, mode, kernel_device, what):
+    """The CPU and CUDA paths (the latter on ``kernel_device``) on arguments ``a``: ids and
+    ranks exactly the reference's, values to 1e-5 relative or 1e-6 absolute."""
+    want = reference_top(*a, num_logprobs=N, logprobs_mode=mode)
+    for impl in ("cpu", "cuda"):
+        args = a if impl == "cpu" else tuple(None if t is None else t.to(kernel_device) for t in a)
+        got = tuple(t.cpu() for t in IMPLS[impl](*args, num_logprobs=N, logprobs_mode=mode))
+        msg = f"{impl} {what}"
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), msg
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6, msg=msg)
+        torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=msg)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_processed_modes_every_path_equals_the_reference_on_rows_of_several_blocks(
     dtype, kernel_device
@@ -190,17 +203,8 @@ def test_processed_modes_every_path_equals_the_reference_on_rows_of_several_bloc
         params = _sampling_params(g, 2)
         N = (5, 70, 120, 3)[trial]
         for mode in ("processed_logprobs", "processed_logits"):
-            want = reference_top(logits, out, emitted, cu, *params, num_logprobs=N,
-                                 logprobs_mode=mode)  # fmt: skip
-            for impl in ("cpu", "cuda"):
-                a = (logits, out, emitted, cu, *params)
-                if impl == "cuda":
-                    a = tuple(None if t is None else t.to(kernel_device) for t in a)
-                got = tuple(t.cpu() for t in IMPLS[impl](*a, num_logprobs=N, logprobs_mode=mode))
-                what = f"{impl} {trial} {mode}"
-                assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), what
-                torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6, msg=what)
-                torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=what)
+            _paths_equal_the_reference((logits, out, emitted, cu, *params), N, mode,
+                                       kernel_device, f"{trial} {mode}")  # fmt: skip
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -236,17 +240,8 @@ def test_processed_modes_every_path_equals_the_reference(dtype, mode, kernel_dev
     for trial in range(60):
         logits, out, emitted, cu, N = _random_case(g, dtype)
         params = _sampling_params(g, out.shape[0])
-        want = reference_top(logits, out, emitted, cu, *params, num_logprobs=N,
-                             logprobs_mode=mode)  # fmt: skip
-        for impl in ("cpu", "cuda"):
-            a = (logits, out, emitted, cu, *params)
-            if impl == "cuda":
-                a = tuple(None if t is None else t.to(kernel_device) for t in a)
-            got = tuple(t.cpu() for t in IMPLS[impl](*a, num_logprobs=N, logprobs_mode=mode))
-            what = (impl, trial)
-            assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), what
-            torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6, msg=str(what))
-            torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=str(what))
+        _paths_equal_the_reference((logits, out, emitted, cu, *params), N, mode, kernel_device,
+                                   trial)  # fmt: skip
 
 
 def test_processed_logprobs_are_the_distribution_the_sampler_draws_from():
