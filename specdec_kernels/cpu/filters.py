@@ -7,12 +7,12 @@ walks the weights largest first with a float64 running mass and stops once that 
 reaches ``top_p`` times their float64 sum; the contract fixes that order, so the walk
 needs the nucleus in sorted order, but only the nucleus. Sorting the whole row (numba's
 quicksort: ~2.4 ms at V = 32000, ~13 ms at V = 151936) cost more than everything else in a
-sampled row. Here the
-weights are bucketed by their top bits (``bits >> 20``: an eighth of an octave; the order
-of non-negative float32 values is the order of their bits), so one counting pass and one
-scatter pass put them in bucket order, largest bucket first, and the walk sorts only the
-buckets it reaches (large ones by a radix sort of their low 20 bits). The walk, and so
-``t``, is the same as over the fully sorted row: the same values in the same order.
+sampled row. Here the weights are bucketed by their top bits (``bits >> 20``: an eighth of
+an octave; the order of non-negative float32 values is the order of their bits), so one
+counting pass and one scatter pass put them in bucket order, largest bucket first, and the
+walk sorts only the buckets it reaches (large ones by a radix sort of their low 20 bits).
+The walk, and so ``t``, is the same as over the fully sorted row: the same values in the
+same order.
 """
 
 from __future__ import annotations

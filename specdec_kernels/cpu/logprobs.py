@@ -18,11 +18,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdec_kernels.cpu._jit import NONE_F32, NONE_I32, float_rows, jit, np_, opt, outputs, scratch
+from specdec_kernels.cpu._jit import float_rows, jit, np_, outputs, scratch
 from specdec_kernels.cpu.filters import kept_weights
 from specdec_kernels.cpu.sampling import (
     BLOCK,
     block,
+    param_arrays,
     params_ok,
     range_max,
     raw_log_normaliser,
@@ -212,11 +213,7 @@ def top_logprobs_checked(
 def _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, sampling, N, mode,
          check):  # fmt: skip
     out_tok, emitted, cu = np_(output_token_ids), np_(num_emitted), np_(cu_num_draft_tokens)
-    temp, top_k, top_p, min_p = sampling
-    params = (
-        opt(temp, NONE_F32), temp is not None, opt(top_k, NONE_I32), top_k is not None,
-        opt(top_p, NONE_F32), top_p is not None, opt(min_p, NONE_F32), min_p is not None,
-    )  # fmt: skip
+    params = param_arrays(*sampling)
     if check and not _values_ok(target_logits.shape[0], target_logits.shape[1], out_tok,
                                 emitted, cu, params):  # fmt: skip
         return None
@@ -229,7 +226,7 @@ def _run(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, samp
         return tok_lp, tok_rank, top_ids, top_vals
     l32, l16 = float_rows(target_logits, target_logits.shape[0])
     V = target_logits.shape[1]
-    processed = mode.startswith("processed") and temp is not None
+    processed = mode.startswith("processed") and sampling[0] is not None
     sampled = 3 * V if processed else 0  # the weights and the filters' work
     sort = 2 * BLOCK + (V if N > SORT_ABOVE_N else 0)
     work = scratch(sort + sampled)

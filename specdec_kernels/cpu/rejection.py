@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from specdec_kernels.cpu._jit import (
-    NONE_F32,
     NONE_F32_2D,
     NONE_I32,
     NONE_I64,
@@ -49,6 +48,7 @@ from specdec_kernels.cpu.sampling import (
     block,
     inverse_cdf,
     lane_sum,
+    param_arrays,
     params_ok,
     philox_uniform,
     raw_log_normaliser,
@@ -293,9 +293,8 @@ def _run(
         l32, l16, target_logits.dtype == torch.bfloat16,
         np_(draft_token_ids) if draft_token_ids.numel() else NONE_I32, cu,
         q32, q16, draft_probs is not None and draft_probs.dtype == torch.bfloat16,
-        draft_probs is not None, opt(temperature, NONE_F32), temperature is not None,
-        opt(top_k, NONE_I32), top_k is not None, opt(top_p, NONE_F32), top_p is not None,
-        opt(min_p, NONE_F32), min_p is not None, opt(seeds, NONE_I64), opt(offsets, NONE_I64),
+        draft_probs is not None, *param_arrays(temperature, top_k, top_p, min_p),
+        opt(seeds, NONE_I64), opt(offsets, NONE_I64),
         return_logprobs, check, out_a, emitted_a, lp_a if return_logprobs else NONE_F32_2D,
         work[:V], np.empty(nb, dtype=np.float64), np.empty(nb, dtype=np.float32),
         work[V : V + BLOCK], proc, pt, *bufs, prow, work[end : end + (2 * V if filtered else 0)],

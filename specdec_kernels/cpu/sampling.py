@@ -26,7 +26,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_kernels.cpu._jit import as_float32, bits_float, float_bits, jit, jit_with
+from specdec_kernels.cpu._jit import (
+    NONE_F32,
+    NONE_I32,
+    as_float32,
+    bits_float,
+    float_bits,
+    jit,
+    jit_with,
+    opt,
+)
 
 BLOCK = 1024
 """Entries of a row handled per piece (and ids per block of the inverse CDF)."""
@@ -342,6 +351,16 @@ def _in_range(x, has, lo, hi, lo_open):
 
 _FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 _INT32_MAX = np.int32(2**31 - 1)
+
+
+def param_arrays(temperature, top_k, top_p, min_p) -> tuple:
+    """The four sampling parameters as the kernels take them: each an array (a placeholder
+    when absent) and whether it was given (:func:`params_ok`'s arguments)."""
+    return (
+        opt(temperature, NONE_F32), temperature is not None, opt(top_k, NONE_I32),
+        top_k is not None, opt(top_p, NONE_F32), top_p is not None, opt(min_p, NONE_F32),
+        min_p is not None,
+    )  # fmt: skip
 
 
 @jit
