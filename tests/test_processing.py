@@ -785,6 +785,24 @@ SHORTCUT_CASES = {
         [0.0, 1.0, 0.0, 3.0], dict(bias(2, 9.0), bad_word_ids=i32([[[2]]])), 3),
     "bias-on-a-masked-id-stays-masked": (
         [0.0, 1.0, 0.0, 3.0], dict(bias(2, 9.0), allowed_token_mask=bits([[0, 1, 3]], 4)), 3),
+    # a masked raw argmax: the masked row's argmax takes its place
+    "masked-argmax-the-allowed-runner-up-wins": (
+        [0.0, 1.0, 2.0, 3.0], dict(allowed_token_mask=bits([[0, 1, 2]], 4)), 2),
+    "masked-argmax-ties-go-to-the-lower-allowed-id": (
+        [0.0, 2.0, 2.0, 3.0], dict(allowed_token_mask=bits([[0, 2, 1]], 4)), 1),
+    "masked-argmax-a-seen-runner-up-is-penalised-below-the-next": (
+        [2.0, 2.5, 0.0, 3.0],
+        dict(allowed_token_mask=bits([[0, 1]], 4), repetition_penalty=torch.tensor([2.0])), 0),
+    "masked-argmax-a-bias-id-beats-the-runner-up": (
+        [0.0, 1.0, 2.0, 3.0], dict(bias(0, 2.5), allowed_token_mask=bits([[0, 1, 2]], 4)), 0),
+    "masked-argmax-the-runner-up-is-a-stop-token": (
+        [0.0, 1.0, 2.0, 3.0], dict(allowed_token_mask=bits([[0, 1, 2]], 4),
+                                   min_tokens=i32([5]), stop_token_ids=i32([[2]])), 1),
+    "masked-argmax-every-allowed-id-is-minus-inf": (
+        [float("-inf"), float("nan"), 0.0, 3.0], dict(allowed_token_mask=bits([[0, 1]], 4)), 0),
+    "masked-argmax-from-the-grammar-mask": (
+        [0.0, 1.0, 2.0, 3.0], dict(grammar_mask=bits([[1, 3]], 4), bad_word_ids=i32([[[3]]])),
+        1),
 }  # fmt: skip
 
 

@@ -12,8 +12,10 @@ from specdec_kernels.cpu.processing_rows import (
     _past,
     _penalised,
     _seen,
+    copy_row,
     count_upto,
     process_row,
+    row_words,
 )
 from specdec_kernels.cpu.sampling import argmax
 
@@ -106,20 +108,27 @@ def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts
     Usually without processing the row or counting the history. Let no penalty be able to
     raise a logit (``repetition_penalty >= 1``, frequency and presence penalties ``>= 0``,
     or no penalty; a penalty then never raises one, in fp32 too, rounding being
-    monotonic), and let ``t``, the raw row's argmax (the pass plain verification makes), be
-    allowed by the mask, not a bias id, bad word's last token or stop token
-    (:func:`_named`) and, with a penalty on, not in the history or the drafts before the
-    row (one comparison pass). Then ``t``'s entry is unchanged, every other entry is at
-    most its raw value plus its bias, and the entries the processing leaves alone are at
+    monotonic), and let ``t``, the raw row's argmax (the pass plain verification makes;
+    if the mask clears it, the argmax of the row copied with the mask into ``prow``), be
+    above ``-inf``, not a bias id, bad word's last token or stop token (:func:`_named`)
+    and, with a penalty on, not in the history or the drafts before the row (one
+    comparison pass). Then ``t``'s entry is unchanged, every other entry is at most its
+    (masked) raw value plus its bias, and the entries the processing leaves alone are at
     most ``t``'s and equal only at higher ids; so the processed argmax is ``t`` or a bias
     id whose biased value reaches ``t``'s, each computed alone (:func:`_value_at`).
-    Otherwise (a penalty that can raise a logit, ``t`` masked, named or seen, or no entry
+    Otherwise (a penalty that can raise a logit, ``t`` named or seen, or no allowed entry
     above ``-inf``) the row is processed into ``prow`` and its argmax taken."""
     V = prow.shape[1]
     t = argmax(l32, l16, bf16, g, V, buf)
     m = as_float32(l16[g, t]) if bf16 else l32[g, t]
     raising = pen and (pt[5][b] < 1.0 or pt[6][b] < 0.0 or pt[7][b] < 0.0)
-    fast = not raising and m > NEG_INF and _mask_bit(pt, b, g, t) and not _named(pt, b, t)
+    fast = not raising and m > NEG_INF
+    if fast and not _mask_bit(pt, b, g, t):  # the masked row's argmax instead (a copy)
+        copy_row(l32, l16, bf16, g, prow[0], row_words(pt, b, g, words), words)
+        t = argmax(prow, l16, False, 0, V, buf)
+        m = prow[0, t]
+        fast = m > NEG_INF
+    fast = fast and not _named(pt, b, t)
     if fast and pen:
         fast = counts[t] == 0 if counted else not _seen(pt, r, L, drafts, lo, j, t)
     if fast:
