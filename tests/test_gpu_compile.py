@@ -94,9 +94,13 @@ print("compiled")
 _LOGPROBS = r"""
 from specdec_kernels.kernels import logprobs as K
 ptrs = {"rows_ptr": "*i64", "temp_ptr": "*fp32", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
-        "ids_ptr": "*i64", "values_ptr": "*fp32"}
+        "values_ptr": "*fp32", "tok_lp_ptr": "*fp32", "vals_ptr": "*fp32"}
 for logits, on, logits_mode in (("*fp32", True, False), ("*bf16", False, True),
                                 ("*fp16", True, True)):
+    for nb in (1, 32, K.MAX_KERNEL_N):
+        build(K._top_n_kernel, dict(LOGITS=logits_mode, BLOCK=1024, SEARCH_BLOCK=128, NPIV=16,
+                                    NB=nb), dict(ptrs, logits_ptr=logits),
+              {"stride_lr": "i64", "stride_lv": "i64"})
     absent = {} if on else dict(top_k_ptr=None, top_p_ptr=None, min_p_ptr=None)
     build(K._processed_values_kernel,
           dict(HAS_TOP_K=on, HAS_TOP_P=on, HAS_MIN_P=on, LOGITS=logits_mode, BLOCK=1024,

@@ -111,7 +111,7 @@ def test_every_path_equals_the_reference_on_random_slots(dtype, mode, kernel_dev
             torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=str(what))
 
 
-@pytest.mark.parametrize("N", [3, 20, 100])
+@pytest.mark.parametrize("N", [3, 20, 100, 200])  # 200: past the kernel's MAX_KERNEL_N
 def test_every_path_equals_the_reference_on_rows_of_several_blocks(N, kernel_device):
     # V past 2 x 1024: the CPU path skips the blocks below its top N (or, N > 64, sorts)
     g = torch.Generator().manual_seed(N)

@@ -1,16 +1,18 @@
-"""The CUDA top-N logprobs of a verify step: ``top_logprobs`` in device-side torch ops.
+"""The CUDA top-N logprobs of a verify step: ``top_logprobs`` as Triton kernels.
 
-A top-N over the vocabulary is a selection, which ``torch.topk`` does on every device. It is
-not fast: on an H200 a call takes 0.9-4 ms, 0.21-0.35x vLLM's fp32 ``log_softmax`` +
-``topk`` rule (~25 small ops of host cost at small B, an int64 ``topk`` over every logit at
-large B; bench/results/2026-12-04-nvidia-h200-processing-logprobs-frequency.md): a Triton
-kernel is the open fix. No host synchronisation, static shapes: every
-slot's row is gathered (a slot past ``num_emitted`` reads row 0 and is overwritten), and
-ties go to the lower id through one int64 key per logit, the logit's order-preserving
-32-bit pattern above the complement of its id, so one ``topk`` gives the contract's order.
-Values are taken only at the ``N + 1`` ids a slot reports, against a float64 normaliser
-(an fp32 ``log_softmax`` drifts by ~2e-5 at V = 152k). Temporaries: the fp32 rows and one
-int64 key per logit.
+``_top_n_kernel``, one program per slot (grid ``B (k+1)``): the emitted token's raw value
+and rank, the row's log-softmax normaliser (fp32 terms summed in float64: an fp32 sum
+drifts by ~2e-5 at V = 152k) and its ``N`` largest logits without sorting the row. Their
+order-preserving int32 keys are searched for the ``N``-th largest (16 pivots a pass, ~8
+passes, as the sampler's top-k threshold), the ids above it and the lowest of the ids
+tied at it are gathered, then ordered by ``(key desc, id asc)`` with one ``[N, N]``
+comparison, so ties go to the lower id as the contract says. No host synchronisation,
+static shapes, no temporaries but the rows read (int64 ``[B (k+1)]``). For ``N >
+MAX_KERNEL_N`` the values come from torch ops (one int64 key per logit, the logit's
+32-bit key above the complement of its id, and one ``topk``): on an H200 that route took
+0.9-4 ms a call, 0.21-0.35x vLLM's ``log_softmax`` + ``topk``
+(bench/results/2026-12-04-nvidia-h200-processing-logprobs-frequency.md), which is why the
+kernel exists; the kernel itself has not yet run on a GPU.
 
 The processed modes' values of a sampled request come from one Triton program per slot
 (``_processed_values_kernel``), which finds the row's maximum, weights and filters'
@@ -28,9 +30,144 @@ import triton.language as tl
 from specdec_kernels.kernels import _utils
 from specdec_kernels.kernels import rejection as _rejection
 from specdec_kernels.kernels._utils import next_pow2
-from specdec_kernels.kernels.sampling import EXP2_MIN, LOG2E, _filter_threshold, _row_max, _row_sums
+from specdec_kernels.kernels.sampling import (
+    EXP2_MIN,
+    LOG2E,
+    _filter_threshold,
+    _load_logits,
+    _row_max,
+    _row_sums,
+)
 
 _LOW32 = (1 << 32) - 1
+
+
+@triton.jit
+def _keys(l):
+    """Order-preserving int32 keys of fp32 logits without NaN (-0.0 read as +0.0)."""
+    bits = tl.where(l == 0.0, 0.0, l).to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _nth_key(row_ptr, V, stride_v, m, N, BLOCK: tl.constexpr, NPIV: tl.constexpr):
+    """The ``N``-th largest key of the row (``1 <= N <= V``) and how many keys exceed it.
+
+    A search over the integer keys: ``lo`` always has ``>= N`` keys at or above it,
+    ``hi + 1`` fewer (``n_hi`` of them), so the answer is in ``[lo, hi]``; each pass counts
+    the keys at or above ``NPIV`` pivots in ``(lo, hi]`` and narrows the range ``NPIV``-fold
+    (8 passes for 16 pivots); blocks with no key in ``(lo, hi]`` skip the comparisons."""
+    lo = tl.full([], -(2**31), tl.int64) + 0x7FFFFF  # key(-inf), the smallest key
+    hi = _keys(m).to(tl.int64)
+    n_hi = N * 0
+    piv_i = tl.arange(0, NPIV).to(tl.int64)
+    while lo < hi:
+        step = (hi - lo + NPIV - 1) // NPIV
+        piv = tl.minimum(lo + 1 + piv_i * step, hi)
+        ge = tl.zeros([NPIV], dtype=tl.int32) + n_hi  # keys >= each pivot
+        for s in range(0, V, BLOCK):
+            offs = s + tl.arange(0, BLOCK)
+            l = tl.load(row_ptr + offs.to(tl.int64) * stride_v, mask=offs < V, other=0.0)
+            l = l.to(tl.float32)
+            key = _keys(tl.where(l != l, float("-inf"), l)).to(tl.int64)
+            inside = (key > lo) & (key <= hi) & (offs < V)
+            if tl.max(inside.to(tl.int32), axis=0) > 0:
+                hit = (key[:, None] >= piv[None, :]) & inside[:, None]
+                ge += tl.sum(hit.to(tl.int32), axis=0)
+        ok = ge >= N  # a prefix of the pivots
+        lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
+        first_fail = tl.min(tl.where(ok, hi + 1, piv), axis=0)
+        n_hi = tl.where(first_fail <= hi, tl.max(tl.where(piv == first_fail, ge, 0), axis=0), n_hi)
+        hi = tl.minimum(hi, first_fail - 1)
+    return lo, n_hi
+
+
+@triton.jit
+def _top_n_kernel(
+    logits_ptr, stride_lr, stride_lv, n_rows, out_ptr, emitted_ptr, cu_ptr, rows_ptr,
+    tok_lp_ptr, rank_ptr, ids_ptr, vals_ptr, V, K1, N,
+    LOGITS: tl.constexpr, BLOCK: tl.constexpr, SEARCH_BLOCK: tl.constexpr, NPIV: tl.constexpr,
+    NB: tl.constexpr,
+):  # fmt: skip
+    """Slot ``s`` (request ``b``, emitted token ``j``): the raw value and rank of the
+    emitted token and the ``N`` largest logits' ids (ties: the lower id) and values,
+    ``N <= NB``; slots past ``num_emitted`` get 0 and ids -1. Writes the row it read to
+    ``rows_ptr`` (0 for those) for the processed modes' kernel.
+
+    Passes: the max; the rank, the number of maxima and the log-softmax normaliser
+    (fp32 terms summed in float64); the N-th largest key (:func:`_nth_key`); the ids at
+    or above it (the lowest ids of the tie at it), stored unordered; then ordered by
+    ``(key desc, id asc)`` with an ``[NB, NB]`` comparison, between two barriers."""
+    s = tl.program_id(0).to(tl.int64)
+    b = s // K1
+    nb = tl.arange(0, NB)
+    live = (s % K1) < tl.minimum(tl.maximum(tl.load(emitted_ptr + b), 0), K1)
+    row = tl.load(cu_ptr + b).to(tl.int64) + b + s % K1
+    row = tl.where(live, tl.minimum(tl.maximum(row, 0), n_rows - 1), 0)
+    tl.store(rows_ptr + s, row)
+    if live:
+        row_ptr = logits_ptr + row * stride_lr
+        tok = tl.minimum(tl.maximum(tl.load(out_ptr + s), 0), V - 1)
+        x_tok = tl.load(row_ptr + tok.to(tl.int64) * stride_lv).to(tl.float32)
+        x_tok = tl.where(x_tok != x_tok, float("-inf"), x_tok)
+        m, arg = _row_max(row_ptr, V, stride_lv, BLOCK)
+        finite = (m > float("-inf")) & (m < float("inf"))
+        rank = 0
+        n_max = 0
+        S = tl.zeros([], dtype=tl.float64)
+        for c in range(0, V, BLOCK):
+            offs = c + tl.arange(0, BLOCK)
+            l = _load_logits(row_ptr, offs, V, stride_lv)
+            rank += tl.sum(((l >= x_tok) & (offs < V)).to(tl.int32), axis=0)
+            n_max += tl.sum(((l == m) & (offs < V)).to(tl.int32), axis=0)
+            if finite:
+                S += tl.sum(tl.where(offs < V, tl.exp(l - m), 0.0).to(tl.float64), axis=0)
+        log_s = tl.log(tl.where(finite, S, 1.0))
+        m_f = tl.where(finite, m, 0.0)  # (l - m with an infinite m: NaN, then discarded)
+        tl.store(rank_ptr + s, rank)
+        d_tok = (x_tok - m_f).to(tl.float64) - log_s
+        lp_tok = tl.where(
+            finite,
+            d_tok.to(tl.float32),
+            tl.where(x_tok == m, -tl.log(n_max.to(tl.float32)), float("-inf")),
+        )
+        tl.store(tok_lp_ptr + s, x_tok if LOGITS else lp_tok)
+        if N > 0:
+            tau, n_gt = _nth_key(row_ptr, V, stride_lv, m, N, SEARCH_BLOCK, NPIV)
+            need = N - n_gt  # ids with the key tau to take, the lowest first
+            written = 0
+            n_eq = 0
+            for c in range(0, V, BLOCK):
+                offs = c + tl.arange(0, BLOCK)
+                key = _keys(_load_logits(row_ptr, offs, V, stride_lv)).to(tl.int64)
+                eq = (key == tau) & (offs < V)
+                take = ((key > tau) & (offs < V)) | (
+                    eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= need)
+                )
+                pos = written + tl.cumsum(take.to(tl.int32), 0) - 1
+                tl.store(ids_ptr + s * N + pos, offs, mask=take & (pos < N))
+                written += tl.sum(take.to(tl.int32), axis=0)
+                n_eq += tl.sum(eq.to(tl.int32), axis=0)
+            tl.debug_barrier()  # the ids written above, read back by other threads
+            ids = tl.load(ids_ptr + s * N + nb, mask=nb < N, other=0)
+            l = _load_logits(row_ptr, ids, V, stride_lv)
+            order = _keys(l).to(tl.int64) * 4294967296 + (4294967295 - ids.to(tl.int64))
+            order = tl.where(nb < N, order, -9223372036854775807)
+            pos = tl.sum((order[None, :] > order[:, None]).to(tl.int32), axis=1)
+            d = (l - m_f).to(tl.float64) - log_s
+            lp = tl.where(
+                finite,
+                d.to(tl.float32),
+                tl.where(l == m, -tl.log(n_max.to(tl.float32)), float("-inf")),
+            )
+            tl.debug_barrier()  # every id read before any is overwritten
+            tl.store(ids_ptr + s * N + pos, ids, mask=nb < N)
+            tl.store(vals_ptr + s * N + pos, l if LOGITS else lp, mask=nb < N)
+    else:
+        tl.store(tok_lp_ptr + s, 0.0)
+        tl.store(rank_ptr + s, 0)
+        tl.store(ids_ptr + s * N + nb, -1, mask=nb < N)
+        tl.store(vals_ptr + s * N + nb, 0.0, mask=nb < N)
 
 
 @triton.jit
@@ -46,9 +183,11 @@ def _processed_values_kernel(
     min_p_ptr,
     ids_ptr,
     values_ptr,
+    out_ptr,
+    tok_lp_ptr,
     V,
     K1,
-    NP1,
+    N,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     HAS_MIN_P: tl.constexpr,
@@ -59,8 +198,9 @@ def _processed_values_kernel(
     ID_BLOCK: tl.constexpr,
 ):
     """Slot ``s`` of request ``b`` (emitted, ``temperature[b] > 0``): the values of its
-    ``NP1`` ids in the row as sampled, ``l / T`` or ``(l - m) / T - log S`` where the
-    weight's bits are ``>= t``, -inf elsewhere. A logprobs slot whose row has no finite
+    ``N`` top ids and of its emitted token in the row as sampled, ``l / T`` or
+    ``(l - m) / T - log S`` where the weight's bits are ``>= t``, -inf elsewhere, written
+    over the raw ones. A logprobs slot whose row has no finite
     maximum keeps the raw value (its maxima share the mass, as in the raw mode)."""
     s = tl.program_id(0).to(tl.int64)
     b = s // K1
@@ -87,10 +227,12 @@ def _processed_values_kernel(
                 SEARCH_BLOCK=SEARCH_BLOCK, NPIV=NPIV,
             )  # fmt: skip
             log_s = tl.log(S)
-            for c in range(0, NP1, ID_BLOCK):
+            tok = tl.minimum(tl.maximum(tl.load(out_ptr + s), 0), V - 1)
+            for c in range(0, N + 1, ID_BLOCK):  # the N top ids, then the token (offs == N)
                 offs = c + tl.arange(0, ID_BLOCK)
-                mask = offs < NP1
-                ids = tl.load(ids_ptr + s * NP1 + offs, mask=mask, other=0)
+                mask = offs <= N
+                ids = tl.load(ids_ptr + s * N + offs, mask=offs < N, other=0)
+                ids = tl.where(offs == N, tok, ids).to(tl.int64)
                 l = tl.load(row_ptr + ids * stride_lv, mask=mask, other=float("-inf"))
                 l = l.to(tl.float32)
                 l = tl.where(l != l, float("-inf"), l)
@@ -104,8 +246,9 @@ def _processed_values_kernel(
                     v = tl.div_rn(l, T)
                 else:
                     v = tl.div_rn(l * 0.5 - m * 0.5, T) * 2.0 - log_s
-                kept = e.to(tl.int32, bitcast=True) >= t
-                tl.store(values_ptr + s * NP1 + offs, tl.where(kept, v, float("-inf")), mask=mask)
+                v = tl.where(e.to(tl.int32, bitcast=True) >= t, v, float("-inf"))
+                tl.store(values_ptr + s * N + offs, v, mask=offs < N)
+                tl.store(tok_lp_ptr + s + offs * 0, v, mask=offs == N)
 
 
 def _order_keys(x: torch.Tensor) -> torch.Tensor:
@@ -116,6 +259,11 @@ def _order_keys(x: torch.Tensor) -> torch.Tensor:
     key = (bits >> 31).bitwise_and_(0x7FFFFFFF).bitwise_xor_(bits)  # negative floats: flipped
     ids = torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
     return key.to(torch.int64).mul_(1 << 32).add_(_LOW32 - ids)
+
+
+MAX_KERNEL_N = 128
+"""Largest ``num_logprobs`` the Triton kernel orders (an ``[N, N]`` comparison); above
+it, ``torch.topk`` (OpenAI and vLLM's defaults cap N at 20)."""
 
 
 def top_logprobs(
@@ -133,6 +281,44 @@ def top_logprobs(
     if B == 0 or V == 0 or target_logits.shape[0] == 0:  # nothing to read (unvalidated)
         tok_lp.zero_(), tok_rank.zero_(), top_ids.fill_(-1), top_vals.zero_()
         return tok_lp, tok_rank, top_ids, top_vals
+    logits_mode = logprobs_mode.endswith("_logits")
+    npiv = _rejection.SEARCH_PIVOTS or (16 if target_logits.is_cuda else 1024)
+    block = min(1024, max(16, next_pow2(V)))
+    if N <= MAX_KERNEL_N:  # (the interpreter: wide blocks, few pivots; numpy likes those)
+        rows = _utils._empty((B * K1,), torch.int64, device)
+        _top_n_kernel[(B * K1,)](
+            target_logits, target_logits.stride(0), target_logits.stride(1),
+            target_logits.shape[0], output_token_ids, num_emitted, cu_num_draft_tokens, rows,
+            tok_lp, tok_rank, top_ids, top_vals, V, K1, N, LOGITS=logits_mode, BLOCK=block,
+            SEARCH_BLOCK=min(128, block) if target_logits.is_cuda else block,
+            NPIV=_rejection.SEARCH_PIVOTS or (16 if target_logits.is_cuda or V > 4096 else 256),
+            NB=next_pow2(max(N, 1)),
+        )  # fmt: skip
+    else:
+        rows = _top_logprobs_torch(target_logits, output_token_ids, num_emitted,
+                                   cu_num_draft_tokens, N, logits_mode,
+                                   (tok_lp, tok_rank, top_ids, top_vals))  # fmt: skip
+    if logprobs_mode.startswith("processed") and temperature is not None:
+        _processed_values_kernel[(B * K1,)](
+            logits_ptr=target_logits, stride_lr=target_logits.stride(0),
+            stride_lv=target_logits.stride(1), rows_ptr=rows, emitted_ptr=num_emitted,
+            temp_ptr=temperature, top_k_ptr=top_k, top_p_ptr=top_p, min_p_ptr=min_p,
+            ids_ptr=top_ids, values_ptr=top_vals, out_ptr=output_token_ids, tok_lp_ptr=tok_lp,
+            V=V, K1=K1, N=N, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
+            HAS_MIN_P=min_p is not None, LOGITS=logits_mode,
+            BLOCK=min(1024, max(16, next_pow2(V))), SEARCH_BLOCK=min(128, max(16, next_pow2(V))),
+            NPIV=npiv, ID_BLOCK=min(128, next_pow2(N + 1)),
+        )  # fmt: skip
+    return tok_lp, tok_rank, top_ids, top_vals
+
+
+def _top_logprobs_torch(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, N,
+                        logits_mode, outputs):  # fmt: skip
+    """The raw values for ``N > MAX_KERNEL_N``, in torch ops, written into ``outputs``;
+    returns the row each slot read (int64 ``[B (k+1)]``)."""
+    tok_lp, tok_rank, top_ids, top_vals = outputs
+    B, K1 = output_token_ids.shape
+    V, device = target_logits.shape[1], target_logits.device
     j = torch.arange(K1, device=device)
     live = j[None, :] < num_emitted.clamp(0, K1)[:, None].to(device)
     rows = cu_num_draft_tokens[:-1].long()[:, None] + torch.arange(B, device=device)[:, None] + j
@@ -144,9 +330,9 @@ def top_logprobs(
     rank = (x >= x_tok).sum(1, keepdim=True)
     m = x.max(1, keepdim=True).values
     n_max = (x == m).sum(1, keepdim=True)
-    ids = _LOW32 - (_order_keys(x).topk(N, dim=1).values & _LOW32) if N else tok[:, :0]
+    ids = _LOW32 - (_order_keys(x).topk(N, dim=1).values & _LOW32)
     picked = torch.cat([x.gather(1, ids), x_tok], 1)  # the N values and the token's
-    if logprobs_mode.endswith("_logits"):
+    if logits_mode:
         values = picked
     else:  # (x - m) - log S, S summed in float64; no finite maximum: -log n at the n maxima
         finite = torch.isfinite(m)
@@ -157,22 +343,9 @@ def top_logprobs(
             ((picked - safe_m) - log_s).float(),
             torch.where(picked == m, -torch.log(n_max.float()), float("-inf")),
         )
-    if logprobs_mode.startswith("processed") and temperature is not None:
-        values = values.contiguous()
-        _processed_values_kernel[(B * K1,)](
-            logits_ptr=target_logits, stride_lr=target_logits.stride(0),
-            stride_lv=target_logits.stride(1), rows_ptr=rows.flatten().contiguous(),
-            emitted_ptr=num_emitted, temp_ptr=temperature, top_k_ptr=top_k, top_p_ptr=top_p,
-            min_p_ptr=min_p, ids_ptr=torch.cat([ids, tok], 1).contiguous(), values_ptr=values,
-            V=V, K1=K1, NP1=N + 1, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
-            HAS_MIN_P=min_p is not None, LOGITS=logprobs_mode.endswith("_logits"),
-            BLOCK=min(1024, max(16, next_pow2(V))), SEARCH_BLOCK=min(128, max(16, next_pow2(V))),
-            NPIV=_rejection.SEARCH_PIVOTS or (16 if target_logits.is_cuda else 1024),
-            ID_BLOCK=min(128, next_pow2(N + 1)),
-        )  # fmt: skip
     live = live.flatten()[:, None]
     top_ids.copy_(torch.where(live, ids, -1).view(B, K1, N))
     top_vals.copy_(torch.where(live, values[:, :N], 0.0).view(B, K1, N))
     tok_lp.copy_(torch.where(live, values[:, N:], 0.0).view(B, K1))
     tok_rank.copy_(torch.where(live, rank, 0).view(B, K1))
-    return tok_lp, tok_rank, top_ids, top_vals
+    return rows.flatten()
