@@ -421,6 +421,15 @@ def test_bad_input_raises_value_error(kw, match):
         _bad(**kw)
 
 
+def test_the_cuda_launcher_refuses_more_logprobs_than_the_vocabulary():
+    # torch.ops.specdec.top_logprobs called directly skips the wrapper's check: the
+    # launcher's own keeps the kernel's search (which needs N <= V) in bounds
+    a = (torch.zeros(2, 5), _i32([[1]]), _i32([1]), _i32([0, 0]))
+    for N in (6, 200):  # the kernel's and the torch route's
+        with pytest.raises(ValueError, match="num_logprobs must be in"):
+            cuda_top(*a, num_logprobs=N, logprobs_mode="raw_logits")
+
+
 def test_value_checks_can_be_turned_off():
     # unchecked bad values never read outside the rows: such a slot is left empty
     got = _bad(num_emitted=_i32([3, 1]), output_token_ids=_i32([[1, 4], [3, -1]]), validate=False)

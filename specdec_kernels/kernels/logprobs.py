@@ -273,6 +273,8 @@ def top_logprobs(
     """The CUDA implementation of ``specdec::top_logprobs`` (registered directly)."""
     B, K1 = output_token_ids.shape
     N, V = num_logprobs, target_logits.shape[1]
+    if not 0 <= N <= max(V, 0):  # (the wrapper refuses it first; the op called directly)
+        raise ValueError(f"num_logprobs must be in [0, V = {V}], got {N}")
     device = target_logits.device
     tok_lp = _utils._empty((B, K1), torch.float32, device)
     tok_rank = _utils._empty((B, K1), torch.int32, device)
