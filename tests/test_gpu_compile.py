@@ -99,7 +99,8 @@ for logits, on, logits_mode in (("*fp32", True, False), ("*bf16", False, True),
                                 ("*fp16", True, True)):
     for nb in (1, 32, K.MAX_KERNEL_N):
         build(K._top_n_kernel, dict(LOGITS=logits_mode, BLOCK=1024, SEARCH_BLOCK=128, NPIV=16,
-                                    NB=nb), dict(ptrs, logits_ptr=logits),
+                                    NB=nb, CAP=max(64, 4 * nb), RB=32),
+              dict(ptrs, logits_ptr=logits),
               {"stride_lr": "i64", "stride_lv": "i64"})
     absent = {} if on else dict(top_k_ptr=None, top_p_ptr=None, min_p_ptr=None)
     build(K._processed_values_kernel,

@@ -134,6 +134,31 @@ def test_every_path_equals_the_reference_on_rows_of_several_blocks(N, kernel_dev
                 torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=what)
 
 
+@pytest.mark.parametrize("N", [1, 5, 40, 128])
+def test_every_path_equals_the_reference_when_ties_pass_the_kernels_candidate_buffer(
+    N, kernel_device
+):
+    # the kernel gathers the ids at or above its lanes' N-th largest maximum into 4 x N
+    # (>= 64) slots; ties there overflow them and it searches the N-th largest key: a
+    # constant row, two levels, a few integer levels, tied maxima with a tail of -inf,
+    # and a tie at the low ids that would fill the slots before the larger last ids
+    V = 3000
+    g = torch.Generator().manual_seed(N)
+    late = torch.zeros(V)
+    late[2900:] = -1.0
+    late[-(N // 2 + 1) :] = 1.0
+    levels = torch.randint(0, 4, (V,), generator=g).float()
+    rows = torch.stack([
+        torch.zeros(V), (torch.arange(V) % 2).float(), levels,
+        torch.where(torch.arange(V) < 700, 5.0, float("-inf")), late,
+    ])  # fmt: skip
+    out, emitted, cu = _i32([[0, 1, 2, 3, 4]]), _i32([5]), _i32([0, 4])
+    for dtype in (torch.float32, torch.bfloat16):
+        for mode in ("raw_logprobs", "raw_logits"):
+            a = (rows.to(dtype), out, emitted, cu)
+            _paths_equal_the_reference(a, N, mode, kernel_device, f"N={N} {dtype} {mode}")
+
+
 def _sampling_params(g, B):
     """Random per-request temperature (some greedy), top-k, top-p and min-p, each of the
     three filters absent now and then."""

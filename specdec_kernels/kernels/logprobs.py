@@ -2,13 +2,17 @@
 
 ``_top_n_kernel``, one program per slot (grid ``B (k+1)``): the emitted token's raw value
 and rank, the row's log-softmax normaliser (fp32 terms summed in float64: an fp32 sum
-drifts by ~2e-5 at V = 152k) and its ``N`` largest logits without sorting the row. Their
-order-preserving int32 keys are searched for the ``N``-th largest (16 pivots a pass, ~8
-passes, as the sampler's top-k threshold), the ids above it and the lowest of the ids
-tied at it are gathered, then ordered by ``(key desc, id asc)`` with one ``[N, N]``
-comparison, so ties go to the lower id as the contract says. No host synchronisation,
-static shapes, no temporaries but the rows read (int64 ``[B (k+1)]``). For ``N >
-MAX_KERNEL_N`` the values come from torch ops (one int64 key per logit, the logit's
+drifts by ~2e-5 at V = 152k) and its ``N`` largest logits without sorting the row, in two
+reads of it. The first keeps each lane's largest order-preserving int32 key; the ``N``-th
+largest of those lane maxima is a bound every one of the top ``N`` reaches, so the
+second read gathers the ids at or above it (usually little more than ``N``) while it
+counts, and the candidates are ordered by ``(key desc, id asc)`` against each other
+(ties to the lower id, as the contract says). Where ties at the bound overflow the
+``4 N`` candidate slots, a pivot search finds the ``N``-th largest key exactly (16 pivots
+a pass, up to ~8 passes, as the sampler's top-k threshold) and exactly ``N`` ids are
+gathered. No host synchronisation, static shapes; temporaries: the rows read (int64
+``[B (k+1)]``) and the candidate slots (int32 ``[B (k+1), max(64, 4 N)]``). For
+``N > MAX_KERNEL_N`` the values come from torch ops (one int64 key per logit, the logit's
 32-bit key above the complement of its id, and one ``topk``): on an H200 that route took
 0.9-4 ms a call, 0.21-0.35x vLLM's ``log_softmax`` + ``topk``
 (bench/results/2026-12-04-nvidia-h200-processing-logprobs-frequency.md), which is why the
@@ -50,14 +54,31 @@ def _keys(l):
 
 
 @triton.jit
-def _nth_key(row_ptr, V, stride_v, m, N, BLOCK: tl.constexpr, NPIV: tl.constexpr):
-    """The ``N``-th largest key of the row (``1 <= N <= V``) and how many keys exceed it.
+def _nth_in_block(keys, N, NPIV: tl.constexpr):
+    """The ``N``-th largest entry of the int64 vector ``keys`` (``1 <= N <= len``), by the
+    pivot search of :func:`_nth_key` in registers (no memory read)."""
+    lo = tl.min(keys, axis=0)
+    hi = tl.max(keys, axis=0)
+    piv_i = tl.arange(0, NPIV).to(tl.int64)
+    while lo < hi:
+        step = (hi - lo + NPIV - 1) // NPIV
+        piv = tl.minimum(lo + 1 + piv_i * step, hi)
+        ok = tl.sum((keys[:, None] >= piv[None, :]).to(tl.int32), axis=0) >= N
+        lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
+        hi = tl.minimum(hi, tl.min(tl.where(ok, hi + 1, piv), axis=0) - 1)
+    return lo
+
+
+@triton.jit
+def _nth_key(row_ptr, V, stride_v, m, N, lo, BLOCK: tl.constexpr, NPIV: tl.constexpr):
+    """The ``N``-th largest key of the row and how many keys exceed it, given ``lo`` with
+    at least ``N`` keys at or above it.
 
     A search over the integer keys: ``lo`` always has ``>= N`` keys at or above it,
     ``hi + 1`` fewer (``n_hi`` of them), so the answer is in ``[lo, hi]``; each pass counts
     the keys at or above ``NPIV`` pivots in ``(lo, hi]`` and narrows the range ``NPIV``-fold
-    (8 passes for 16 pivots); blocks with no key in ``(lo, hi]`` skip the comparisons."""
-    lo = tl.full([], -(2**31), tl.int64) + 0x7FFFFF  # key(-inf), the smallest key
+    (up to 8 passes for 16 pivots); blocks with no key in ``(lo, hi]`` skip the
+    comparisons."""
     hi = _keys(m).to(tl.int64)
     n_hi = N * 0
     piv_i = tl.arange(0, NPIV).to(tl.int64)
@@ -67,9 +88,7 @@ def _nth_key(row_ptr, V, stride_v, m, N, BLOCK: tl.constexpr, NPIV: tl.constexpr
         ge = tl.zeros([NPIV], dtype=tl.int32) + n_hi  # keys >= each pivot
         for s in range(0, V, BLOCK):
             offs = s + tl.arange(0, BLOCK)
-            l = tl.load(row_ptr + offs.to(tl.int64) * stride_v, mask=offs < V, other=0.0)
-            l = l.to(tl.float32)
-            key = _keys(tl.where(l != l, float("-inf"), l)).to(tl.int64)
+            key = _keys(_load_logits(row_ptr, offs, V, stride_v)).to(tl.int64)
             inside = (key > lo) & (key <= hi) & (offs < V)
             if tl.max(inside.to(tl.int32), axis=0) > 0:
                 hit = (key[:, None] >= piv[None, :]) & inside[:, None]
@@ -83,21 +102,36 @@ def _nth_key(row_ptr, V, stride_v, m, N, BLOCK: tl.constexpr, NPIV: tl.constexpr
 
 
 @triton.jit
+def _value(l, m, finite, log_s, n_max, LOGITS: tl.constexpr):
+    """Values of logits ``l`` in the raw modes: ``l``, or ``(l - m) - log S`` (float64
+    difference); without a finite maximum ``-log n`` at the ``n`` maxima, -inf elsewhere."""
+    d = (l - tl.where(finite, m, 0.0)).to(tl.float64) - log_s  # (no inf - inf: NaN)
+    lp = tl.where(
+        finite, d.to(tl.float32), tl.where(l == m, -tl.log(n_max.to(tl.float32)), float("-inf"))
+    )
+    return l if LOGITS else lp
+
+
+@triton.jit
 def _top_n_kernel(
     logits_ptr, stride_lr, stride_lv, n_rows, out_ptr, emitted_ptr, cu_ptr, rows_ptr,
-    tok_lp_ptr, rank_ptr, ids_ptr, vals_ptr, V, K1, N,
+    tok_lp_ptr, rank_ptr, ids_ptr, vals_ptr, cand_ptr, V, K1, N,
     LOGITS: tl.constexpr, BLOCK: tl.constexpr, SEARCH_BLOCK: tl.constexpr, NPIV: tl.constexpr,
-    NB: tl.constexpr,
+    NB: tl.constexpr, CAP: tl.constexpr, RB: tl.constexpr,
 ):  # fmt: skip
     """Slot ``s`` (request ``b``, emitted token ``j``): the raw value and rank of the
     emitted token and the ``N`` largest logits' ids (ties: the lower id) and values,
     ``N <= NB``; slots past ``num_emitted`` get 0 and ids -1. Writes the row it read to
     ``rows_ptr`` (0 for those) for the processed modes' kernel.
 
-    Passes: the max; the rank, the number of maxima and the log-softmax normaliser
-    (fp32 terms summed in float64); the N-th largest key (:func:`_nth_key`); the ids at
-    or above it (the lowest ids of the tie at it), stored unordered; then ordered by
-    ``(key desc, id asc)`` with an ``[NB, NB]`` comparison, between two barriers."""
+    Two passes. The first keeps each of the ``BLOCK`` lanes' largest key; the ``N``-th
+    largest of those, ``lo``, has ``N`` distinct logits at or above it, so the top ``N``
+    all are. The second counts the rank, the maxima and the log-softmax normaliser (fp32
+    terms summed in float64) and gathers the ids with a key ``>= lo`` into the slot's
+    ``CAP`` candidates (``cand_ptr``). If more than ``CAP`` reach ``lo`` (ties), the
+    ``N``-th largest key is searched from ``lo`` (:func:`_nth_key`) and exactly ``N`` ids
+    gathered instead. Then each candidate's rank among them by ``(key desc, id asc)``
+    (``RB`` at a time against all) is its position, kept if below ``N``."""
     s = tl.program_id(0).to(tl.int64)
     b = s // K1
     nb = tl.arange(0, NB)
@@ -110,10 +144,17 @@ def _top_n_kernel(
         tok = tl.minimum(tl.maximum(tl.load(out_ptr + s), 0), V - 1)
         x_tok = tl.load(row_ptr + tok.to(tl.int64) * stride_lv).to(tl.float32)
         x_tok = tl.where(x_tok != x_tok, float("-inf"), x_tok)
-        m, arg = _row_max(row_ptr, V, stride_lv, BLOCK)
+        lane = tl.full([BLOCK], -(2**31) + 0x7FFFFF, tl.int32)  # key(-inf), the smallest
+        for c in range(0, V, BLOCK):
+            offs = c + tl.arange(0, BLOCK)
+            lane = tl.maximum(lane, _keys(_load_logits(row_ptr, offs, V, stride_lv)))
+        m_key = tl.max(lane, axis=0)  # the keys are their own inverse: back to the max
+        m = (m_key ^ ((m_key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        lo = _nth_in_block(lane.to(tl.int64), tl.maximum(N, 1), NPIV)
         finite = (m > float("-inf")) & (m < float("inf"))
         rank = 0
         n_max = 0
+        n_cand = 0
         S = tl.zeros([], dtype=tl.float64)
         for c in range(0, V, BLOCK):
             offs = c + tl.arange(0, BLOCK)
@@ -122,47 +163,46 @@ def _top_n_kernel(
             n_max += tl.sum(((l == m) & (offs < V)).to(tl.int32), axis=0)
             if finite:
                 S += tl.sum(tl.where(offs < V, tl.exp(l - m), 0.0).to(tl.float64), axis=0)
+            take = (_keys(l).to(tl.int64) >= lo) & (offs < V)
+            pos = n_cand + tl.cumsum(take.to(tl.int32), 0) - 1
+            tl.store(cand_ptr + s * CAP + pos, offs, mask=take & (pos < CAP))
+            n_cand += tl.sum(take.to(tl.int32), axis=0)
         log_s = tl.log(tl.where(finite, S, 1.0))
-        m_f = tl.where(finite, m, 0.0)  # (l - m with an infinite m: NaN, then discarded)
         tl.store(rank_ptr + s, rank)
-        d_tok = (x_tok - m_f).to(tl.float64) - log_s
-        lp_tok = tl.where(
-            finite,
-            d_tok.to(tl.float32),
-            tl.where(x_tok == m, -tl.log(n_max.to(tl.float32)), float("-inf")),
-        )
-        tl.store(tok_lp_ptr + s, x_tok if LOGITS else lp_tok)
-        if N > 0:
-            tau, n_gt = _nth_key(row_ptr, V, stride_lv, m, N, SEARCH_BLOCK, NPIV)
-            need = N - n_gt  # ids with the key tau to take, the lowest first
-            written = 0
+        tl.store(tok_lp_ptr + s, _value(x_tok, m, finite, log_s, n_max, LOGITS))
+        if (N > 0) & (n_cand > CAP):  # ties at lo: the N-th largest key, then N ids
+            tau, n_gt = _nth_key(row_ptr, V, stride_lv, m, N, lo, SEARCH_BLOCK, NPIV)
+            n_cand = 0
             n_eq = 0
             for c in range(0, V, BLOCK):
                 offs = c + tl.arange(0, BLOCK)
                 key = _keys(_load_logits(row_ptr, offs, V, stride_lv)).to(tl.int64)
                 eq = (key == tau) & (offs < V)
                 take = ((key > tau) & (offs < V)) | (
-                    eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= need)
-                )
-                pos = written + tl.cumsum(take.to(tl.int32), 0) - 1
-                tl.store(ids_ptr + s * N + pos, offs, mask=take & (pos < N))
-                written += tl.sum(take.to(tl.int32), axis=0)
+                    eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= N - n_gt)
+                )  # the lowest ids of the tie at tau
+                pos = n_cand + tl.cumsum(take.to(tl.int32), 0) - 1
+                tl.store(cand_ptr + s * CAP + pos, offs, mask=take & (pos < CAP))
+                n_cand += tl.sum(take.to(tl.int32), axis=0)
                 n_eq += tl.sum(eq.to(tl.int32), axis=0)
-            tl.debug_barrier()  # the ids written above, read back by other threads
-            ids = tl.load(ids_ptr + s * N + nb, mask=nb < N, other=0)
-            l = _load_logits(row_ptr, ids, V, stride_lv)
-            order = _keys(l).to(tl.int64) * 4294967296 + (4294967295 - ids.to(tl.int64))
-            order = tl.where(nb < N, order, -9223372036854775807)
-            pos = tl.sum((order[None, :] > order[:, None]).to(tl.int32), axis=1)
-            d = (l - m_f).to(tl.float64) - log_s
-            lp = tl.where(
-                finite,
-                d.to(tl.float32),
-                tl.where(l == m, -tl.log(n_max.to(tl.float32)), float("-inf")),
-            )
-            tl.debug_barrier()  # every id read before any is overwritten
-            tl.store(ids_ptr + s * N + pos, ids, mask=nb < N)
-            tl.store(vals_ptr + s * N + pos, l if LOGITS else lp, mask=nb < N)
+        if N > 0:
+            tl.debug_barrier()  # the candidates written above, read by other threads
+            cb = tl.arange(0, CAP)
+            all_ids = tl.load(cand_ptr + s * CAP + cb, mask=cb < n_cand, other=0)
+            all_l = _load_logits(row_ptr, all_ids, V, stride_lv)
+            order = _keys(all_l).to(tl.int64) * 4294967296 + (4294967295 - all_ids.to(tl.int64))
+            order = tl.where(cb < n_cand, order, -9223372036854775807)
+            for r0 in range(0, tl.minimum(n_cand, CAP), RB):
+                rb = r0 + tl.arange(0, RB)
+                ids = tl.load(cand_ptr + s * CAP + rb, mask=rb < n_cand, other=0)
+                l = _load_logits(row_ptr, ids, V, stride_lv)
+                own = _keys(l).to(tl.int64) * 4294967296 + (4294967295 - ids.to(tl.int64))
+                pos = tl.sum((order[None, :] > own[:, None]).to(tl.int32), axis=1)
+                keep = (rb < n_cand) & (pos < N)
+                tl.store(ids_ptr + s * N + pos, ids, mask=keep)
+                tl.store(
+                    vals_ptr + s * N + pos, _value(l, m, finite, log_s, n_max, LOGITS), mask=keep
+                )
     else:
         tl.store(tok_lp_ptr + s, 0.0)
         tl.store(rank_ptr + s, 0)
@@ -288,13 +328,15 @@ def top_logprobs(
     block = min(1024, max(16, next_pow2(V)))
     if N <= MAX_KERNEL_N:  # (the interpreter: wide blocks, few pivots; numpy likes those)
         rows = _utils._empty((B * K1,), torch.int64, device)
+        cap = max(64, 4 * next_pow2(N))
         _top_n_kernel[(B * K1,)](
             target_logits, target_logits.stride(0), target_logits.stride(1),
             target_logits.shape[0], output_token_ids, num_emitted, cu_num_draft_tokens, rows,
-            tok_lp, tok_rank, top_ids, top_vals, V, K1, N, LOGITS=logits_mode, BLOCK=block,
+            tok_lp, tok_rank, top_ids, top_vals, _utils._empty((B * K1, cap), torch.int32, device),
+            V, K1, N, LOGITS=logits_mode, BLOCK=block,
             SEARCH_BLOCK=min(128, block) if target_logits.is_cuda else block,
             NPIV=_rejection.SEARCH_PIVOTS or (16 if target_logits.is_cuda or V > 4096 else 256),
-            NB=next_pow2(max(N, 1)),
+            NB=next_pow2(max(N, 1)), CAP=cap, RB=32,
         )  # fmt: skip
     else:
         rows = _top_logprobs_torch(target_logits, output_token_ids, num_emitted,
