@@ -46,6 +46,12 @@ SPECS += [
 SPECS += [{"B": 256, "V": 32000, "L": 1024, "features": "all", "step": "fused"}]
 SPECS += [{"B": b, "V": 32000, "L": 1024, "features": "neutral", "step": "fused"} for b in (1, 8)]
 SPECS += [{"B": 8, "V": 32000, "L": 32768, "features": "all", "step": "fused"}]
+# every row's argmax a token of its request's output (real text repeats itself): the
+# greedy shortcut's seen-argmax path
+SPECS += [
+    {"B": b, "V": 32000, "L": L, "features": "all", "step": "fused", "rows": "seen"}
+    for b, L in ((1, 1024), (8, 1024), (8, 32768))
+]
 QUICK_SPECS = [
     {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
     for f, s in (
@@ -56,14 +62,21 @@ QUICK_SPECS = [
         ("all", "fused-sampled"),
     )  # fmt: skip
 ]
+QUICK_SPECS += [{"B": 2, "V": 1000, "L": 64, "features": "all", "step": "fused", "rows": "seen"}]
 BASELINES = ["torch", "bare", "verify", "two_ops"]
 
 
-def _inputs(B: int, V: int, L: int, features: str, mode: str = "greedy") -> tuple[dict, dict]:
-    """The op's arguments and, per verify row, the baseline's."""
+def _inputs(
+    B: int, V: int, L: int, features: str, mode: str = "greedy", rows: str = "random"
+) -> tuple[dict, dict]:
+    """The op's arguments and, per verify row, the baseline's. ``rows="seen"``: request
+    ``b``'s output ends with its rows' argmaxes (row ``j``'s ``j`` tokens from the end)."""
     inp = data.verify_logits(B, K, V, mode=mode)
     token_ids, num_tokens = data.ngram_histories(B, L)
     token_ids = token_ids % V
+    if rows == "seen":
+        top = inp["target_logits"].float().argmax(1).view(B, K + 1).to(token_ids.dtype)
+        token_ids[:, L - K - 1 : L] = top.flip(1)
     prompt = torch.full((B,), L // 2, dtype=torch.int32)
     g = torch.Generator().manual_seed(B * 7 + V)
     kw = dict(
@@ -167,7 +180,7 @@ def build(spec: dict) -> Case:
 def _fused_case(spec: dict) -> Case:
     B, V, L, features, step = (spec[n] for n in ("B", "V", "L", "features", "step"))
     mode = "onehot" if step == "fused-sampled" else "greedy"
-    op, base = _inputs(B, V, L, features, mode)
+    op, base = _inputs(B, V, L, features, mode, spec.get("rows", "random"))
     logits, drafts, cu = (op[n] for n in ("target_logits", "draft_token_ids",
                                           "cu_num_draft_tokens"))  # fmt: skip
     processing = LogitsProcessing(op["token_ids"], op["num_tokens"], op["num_prompt_tokens"],

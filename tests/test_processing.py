@@ -627,16 +627,20 @@ def test_verification_with_processing_equals_verifying_the_processed_rows(
     on=st.lists(st.booleans(), min_size=6, max_size=6),
     V=st.sampled_from([7, 9, 33, 64]),  # random_args names ids up to 6
     ties=st.booleans(),
+    bf16=st.booleans(),
 )
-def test_the_greedy_shortcut_equals_the_processed_argmax(seed, on, V, ties):
+def test_the_greedy_shortcut_equals_the_processed_argmax(seed, on, V, ties, bf16):
     # greedy rows take the raw row's argmax and process only the ids that can beat it;
-    # small integer logits make ties, +-0, named and masked maxima common; decreasing and
-    # increasing penalties, bias on the raw argmax, rows of -inf and NaN
-    a = accepted_drafts(random_args(seed, V=V), 3) if on[5] else random_args(seed, V=V)
+    # small integer logits make ties, +-0, named, masked and seen maxima common (V = 7:
+    # flat rows past the seen argmax's scan cap); decreasing and increasing penalties, bias
+    # on the raw argmax, rows of -inf and NaN
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a = random_args(seed, V=V, dtype=dtype)
+    a = accepted_drafts(a, 3) if on[5] else a
     g = torch.Generator().manual_seed(seed)
     logits = a["target_logits"]
     if ties:
-        logits = torch.randint(-2, 3, logits.shape, generator=g).float()
+        logits = torch.randint(-2, 3, logits.shape, generator=g).to(dtype)
         logits[logits == 0] = torch.tensor([0.0, -0.0])[torch.randint(0, 2, (1,), generator=g)]
         logits[2] = float("-inf")
         logits[3, : max(V // 2, 1)] = float("nan")
@@ -800,6 +804,27 @@ SHORTCUT_CASES = {
                                    min_tokens=i32([5]), stop_token_ids=i32([[2]])), 1),
     "masked-argmax-every-allowed-id-is-minus-inf": (
         [float("-inf"), float("nan"), 0.0, 3.0], dict(allowed_token_mask=bits([[0, 1]], 4)), 0),
+    # a seen argmax (history: prompt [2], output [1, 1]): its penalised value, then the
+    # ids whose raw value reaches it, each processed alone
+    "seen-argmax-penalised-below-the-runner-up": (
+        [0.0, 3.0, 0.0, 2.9], dict(repetition_penalty=torch.tensor([2.0])), 3),
+    "seen-argmax-still-wins-after-its-penalty": (
+        [0.0, 3.0, 0.0, 1.0], dict(repetition_penalty=torch.tensor([1.2])), 1),
+    "seen-argmax-a-seen-runner-up-is-penalised-too": (
+        [0.0, 3.0, 2.8, 1.0], dict(repetition_penalty=torch.tensor([2.0])), 1),
+    "seen-argmax-in-the-prompt-only-takes-no-frequency-penalty": (
+        [0.0, 0.0, 3.0, 2.5], dict(frequency_penalty=torch.tensor([1.0])), 2),
+    "seen-argmax-counted-twice-in-the-output": (
+        [0.0, 3.0, 0.0, 1.5], dict(frequency_penalty=torch.tensor([0.8])), 3),
+    "seen-argmax-ties-a-lower-unseen-id-which-wins": (
+        [2.0, 4.0, 0.0, 0.0], dict(repetition_penalty=torch.tensor([2.0])), 0),
+    "seen-argmax-of-the-masked-row": (
+        [0.0, 2.0, 0.0, 9.0, 1.5], dict(allowed_token_mask=bits([[0, 1, 2, 4]], 5),
+                                       presence_penalty=torch.tensor([1.0])), 4),
+    "seen-argmax-a-bias-id-beats-its-penalised-value": (
+        [0.0, 3.0, 0.0, 1.0], dict(bias(0, 2.0), repetition_penalty=torch.tensor([2.0])), 0),
+    "seen-argmax-of-a-flat-row-past-the-scan-cap": (
+        [1.0, 2.0] + [1.0] * 10, dict(repetition_penalty=torch.tensor([4.0])), 0),
     "masked-argmax-from-the-grammar-mask": (
         [0.0, 1.0, 2.0, 3.0], dict(grammar_mask=bits([[1, 3]], 4), bad_word_ids=i32([[[3]]])),
         1),
@@ -817,6 +842,22 @@ def test_greedy_shortcut_named_cases(name):
     fused, two = verify_both(a, num_speculative_tokens=0)
     assert same_result(fused, two)
     assert fused.output_token_ids.tolist() == [[want]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_shortcut_scans_other_blocks_for_ties_with_a_seen_argmax(dtype):
+    # V past one 1024-id block: the seen argmax (2050, penalised 4 -> 2) ties id 5 of the
+    # first block, whose maximum equals the best: that block must be read, and 5 wins
+    V = 2100
+    row = torch.zeros(1, V)
+    row[0, 2050], row[0, 5], row[0, 1500] = 4.0, 2.0, 1.0
+    a = dict(BASE, target_logits=row.to(dtype), draft_token_ids=torch.zeros(0, dtype=I32),
+             cu_num_draft_tokens=i32([0, 0]), token_ids=i32([[2050, 7, 7]]), num_tokens=i32([3]),
+             num_prompt_tokens=i32([1]), req_indices=None, **dict.fromkeys(FEATURES))  # fmt: skip
+    a["repetition_penalty"] = torch.tensor([2.0])
+    fused, two = verify_both(a, num_speculative_tokens=0)
+    assert same_result(fused, two)
+    assert fused.output_token_ids.tolist() == [[5]]
 
 
 @pytest.mark.gpu

@@ -5,19 +5,24 @@ relies on. Contract: ``docs/design.md``, "``rejection_sample``", ``processing``.
 
 from __future__ import annotations
 
+import numpy as np
+
 from specdec_kernels.cpu._jit import as_float32, jit
 from specdec_kernels.cpu.processing_rows import (
     BIT,
     NEG_INF,
+    PROMPT_BIT,
     _past,
     _penalised,
-    _seen,
     copy_row,
     count_upto,
     process_row,
     row_words,
 )
-from specdec_kernels.cpu.sampling import argmax
+from specdec_kernels.cpu.sampling import BLOCK, argmax, block
+
+SCAN_CAP = 8
+"""Ids a seen argmax's row processes alone (:func:`_scan`) before it is processed in full."""
 
 
 @jit
@@ -45,14 +50,14 @@ def _biased(l32, l16, bf16, g, pt, b, t):
 
 
 @jit
-def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, t):
+def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, cnt, t):
     """Entry ``t`` of the row :func:`process_row` would leave (same operations, same
-    order), computed alone."""
+    order), computed alone; ``cnt``: ``t``'s count (``counts``' encoding)."""
     token_ids, rp, fp, pp = pt[0], pt[5], pt[6], pt[7]
     bad, min_tok, stops, has_min = pt[15], pt[16], pt[17], pt[18]
     v = _biased(l32, l16, bf16, g, pt, b, t)
-    if pen and counts[t] != 0:
-        v = _penalised(v, counts[t], rp[b], fp[b], pp[b])
+    if pen and cnt != 0:
+        v = _penalised(v, cnt, rp[b], fp[b], pp[b])
     if not _mask_bit(pt, b, g, t):
         return NEG_INF
     n_out = L - P
@@ -74,6 +79,69 @@ def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, t):
             if stops[b, s] == t:
                 return NEG_INF
     return v
+
+
+@jit
+def _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t):
+    """Token ``t``'s count in ``counts``' encoding (0 without penalties): read from
+    ``counts`` once the history is counted, else from two comparison passes (prompt,
+    output) and the drafts ``d_0 .. d_{j-1}``, which vectorise."""
+    if not pen:
+        return np.int32(0)
+    if counted:
+        return counts[t]
+    prompt, output = pt[0][r, :P], pt[0][r, P:L]  # (loops from 0: a loop from P measured
+    in_prompt = 0  # 2.7x slower, not vectorised)
+    for i in range(prompt.shape[0]):
+        in_prompt += prompt[i] == t
+    n = 0
+    for i in range(output.shape[0]):
+        n += output[i] == t
+    for q in range(j):
+        f = lo + q
+        if 0 <= f < drafts.shape[0] and drafts[f] == t:
+            n += 1
+    return np.int32(n) | (PROMPT_BIT if in_prompt > 0 else np.int32(0))
+
+
+@jit
+def _scan(s32, s16, sbf, sg, l32, l16, bf16, g, pt, b, r, L, P, counted, counts, drafts, lo,
+          j, t, best, tok, buf):  # fmt: skip
+    """The best ``(value, -id)`` among ``(best, tok)`` and the ids other than ``t`` whose
+    entry in the row ``s*`` (the raw row, or it with its mask) reaches it, each processed
+    alone (:func:`_value_at`), for a row whose processing only lowers entries other than
+    the bias ids'. Branch and bound: a block with no entry at the best so far (a counting
+    pass) is skipped, and its entries are read only up to the last that reaches it.
+    Returns ``(tok, best, ok)``; not ok after :data:`SCAN_CAP` ids (a flat row: the
+    caller processes it in full)."""
+    V = max(l32.shape[1], l16.shape[1])
+    n_eval = 0
+    for j0 in range(0, V, BLOCK):
+        n = min(BLOCK, V - j0)
+        src = block(s32, s16, sbf, sg, j0, n, buf)
+        thr = best
+        left = 0  # the block's entries >= thr (a comparison pass, which vectorises)
+        for i in range(n):
+            left += src[i] >= thr
+        if left == 0 or (left == 1 and j0 <= t < j0 + n):
+            continue
+        for i in range(n):  # find them (an entry NaN or below thr is never one)
+            if left == 0:
+                break
+            if not src[i] >= thr:
+                continue
+            left -= 1
+            c = j0 + i
+            if c == t or not (src[i] > best or (src[i] == best and c < tok)):
+                continue
+            n_eval += 1
+            if n_eval > SCAN_CAP:
+                return tok, best, False
+            cnt = _count_of(pt, r, L, P, True, counted, counts, drafts, lo, j, c)
+            v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, True, drafts, lo, j, cnt, c)
+            if v > best or (v == best and c < tok):
+                best, tok = v, c
+    return tok, best, True
 
 
 @jit
@@ -102,47 +170,102 @@ def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts
     """``argmax`` (``cpu/sampling.py``'s: NaN as ``-inf``, ties to the lowest id) of
     request ``b``'s row ``j`` (row ``g``) as :func:`process_row` would leave it; ``prow``
     (fp32 ``[1, V]``) is scratch. ``counted``: whether ``counts`` holds the history and the
-    drafts before the row; if not, they are counted here when the row needs them. Returns
-    ``(token, nu, counted)``.
+    drafts before the row; if not, they are counted here when the row is processed in
+    full. Returns ``(token, nu, counted)``.
 
     Usually without processing the row or counting the history. Let no penalty be able to
     raise a logit (``repetition_penalty >= 1``, frequency and presence penalties ``>= 0``,
     or no penalty; a penalty then never raises one, in fp32 too, rounding being
     monotonic), and let ``t``, the raw row's argmax (the pass plain verification makes;
     if the mask clears it, the argmax of the row copied with the mask into ``prow``), be
-    above ``-inf``, not a bias id, bad word's last token or stop token (:func:`_named`)
-    and, with a penalty on, not in the history or the drafts before the row (one
-    comparison pass). Then ``t``'s entry is unchanged, every other entry is at most its
-    (masked) raw value plus its bias, and the entries the processing leaves alone are at
-    most ``t``'s and equal only at higher ids; so the processed argmax is ``t`` or a bias
-    id whose biased value reaches ``t``'s, each computed alone (:func:`_value_at`).
-    Otherwise (a penalty that can raise a logit, ``t`` named or seen, or no allowed entry
-    above ``-inf``) the row is processed into ``prow`` and its argmax taken."""
+    above ``-inf`` and not a bias id, bad word's last token or stop token
+    (:func:`_named`). Then every entry other than a bias id's is at most its (masked) raw
+    value, and the entries the processing leaves alone are at most ``t``'s and equal only
+    at higher ids. If ``t`` is unseen (not in the history or the drafts before the row:
+    one comparison pass), its entry is unchanged; if seen, its penalised value is
+    computed alone and the ids whose (masked) raw value still reaches it are processed
+    alone (:func:`_scan`; usually a few). Either way the bias ids whose biased value
+    reaches the best are computed alone last (:func:`_value_at`). Otherwise (a penalty
+    that can raise a logit, ``t`` named, no allowed entry above ``-inf``, or a flat row
+    with more than :data:`SCAN_CAP` such ids) the row is processed into ``prow`` and its
+    argmax taken."""
     V = prow.shape[1]
     t = argmax(l32, l16, bf16, g, V, buf)
     m = as_float32(l16[g, t]) if bf16 else l32[g, t]
     raising = pen and (pt[5][b] < 1.0 or pt[6][b] < 0.0 or pt[7][b] < 0.0)
     fast = not raising and m > NEG_INF
-    if fast and not _mask_bit(pt, b, g, t):  # the masked row's argmax instead (a copy)
+    masked = fast and not _mask_bit(pt, b, g, t)
+    if masked:  # the masked row's argmax instead (a copy)
         copy_row(l32, l16, bf16, g, prow[0], row_words(pt, b, g, words), words)
         t = argmax(prow, l16, False, 0, V, buf)
         m = prow[0, t]
         fast = m > NEG_INF
     fast = fast and not _named(pt, b, t)
-    if fast and pen:
-        fast = counts[t] == 0 if counted else not _seen(pt, r, L, drafts, lo, j, t)
     if fast:
-        tok = t
+        best, tok = m, t
+        cnt = _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t)
+        if cnt != 0:  # a seen argmax: its penalised value, then the ids that reach it
+            best = _penalised(m, cnt, pt[5][b], pt[6][b], pt[7][b])
+            if masked:
+                tok, best, fast = _scan(
+                    prow,
+                    l16,
+                    False,
+                    0,
+                    l32,
+                    l16,
+                    bf16,
+                    g,
+                    pt,
+                    b,
+                    r,
+                    L,
+                    P,
+                    counted,
+                    counts,
+                    drafts,
+                    lo,
+                    j,
+                    t,
+                    best,
+                    tok,
+                    buf,
+                )
+            else:
+                tok, best, fast = _scan(
+                    l32,
+                    l16,
+                    bf16,
+                    g,
+                    l32,
+                    l16,
+                    bf16,
+                    g,
+                    pt,
+                    b,
+                    r,
+                    L,
+                    P,
+                    counted,
+                    counts,
+                    drafts,
+                    lo,
+                    j,
+                    t,
+                    best,
+                    tok,
+                    buf,
+                )
+    if fast:
         bias_ids = pt[9]
         for k in range(bias_ids.shape[1]):
             c = bias_ids[b, k]
-            if not 0 <= c < V or _biased(l32, l16, bf16, g, pt, b, c) < m:
-                continue  # at most its biased value: below t's
-            if pen and not counted:
-                nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True
-            v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, counts, c)
-            if v > m or (v == m and c < tok):
-                m, tok = v, c
+            if not 0 <= c < V or _biased(l32, l16, bf16, g, pt, b, c) < best:
+                continue  # at most its biased value: below the best
+            cnt = _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, c)
+            v = _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, cnt, c)
+            if v > best or (v == best and c < tok):
+                best, tok = v, c
         return tok, nu, counted
     if pen and not counted:
         nu, counted = count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j), True

@@ -136,20 +136,6 @@ def _count_output(d, counts, uniq, nu, V):
 
 
 @jit
-def _seen(pt, r, L, drafts, lo, j, t):
-    """Whether token ``t`` is in state row ``r``'s history or among the drafts ``d_0 ..
-    d_{j-1}`` (one comparison pass, which vectorises)."""
-    row = pt[0][r]
-    hits = 0
-    for i in range(L):
-        hits += row[i] == t
-    for q in range(j):
-        f = lo + q
-        hits += 0 <= f < drafts.shape[0] and drafts[f] == t
-    return hits > 0
-
-
-@jit
 def count_draft(pt, r, L, pen, nu, drafts, lo, j, counts, uniq, V):
     """Before a request's row ``j`` (after its row ``j - 1``; state row ``r``): count the
     draft ``d_{j-1}`` as an output token; returns the new ``nu``."""
