@@ -105,12 +105,12 @@ def _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t):
 
 
 @jit
-def _scan(s32, s16, sbf, sg, l32, l16, bf16, g, pt, b, r, L, P, counted, counts, drafts, lo,
-          j, t, best, tok, buf):  # fmt: skip
+def _scan(masked, prow, l32, l16, bf16, g, pt, b, r, L, P, counted, counts, drafts, lo, j, t,
+          best, tok, buf):  # fmt: skip
     """The best ``(value, -id)`` among ``(best, tok)`` and the ids other than ``t`` whose
-    entry in the row ``s*`` (the raw row, or it with its mask) reaches it, each processed
-    alone (:func:`_value_at`), for a row whose processing only lowers entries other than
-    the bias ids'. Branch and bound: a block with no entry at the best so far (a counting
+    entry in the raw row (``masked``: ``prow``, the row with its mask) reaches it, each
+    processed alone (:func:`_value_at`), for a row whose processing only lowers entries
+    other than the bias ids'. Branch and bound: a block with no entry at the best so far (a counting
     pass) is skipped, and its entries are read only up to the last that reaches it.
     Returns ``(tok, best, ok)``; not ok after :data:`SCAN_CAP` ids (a flat row: the
     caller processes it in full)."""
@@ -118,7 +118,10 @@ def _scan(s32, s16, sbf, sg, l32, l16, bf16, g, pt, b, r, L, P, counted, counts,
     n_eval = 0
     for j0 in range(0, V, BLOCK):
         n = min(BLOCK, V - j0)
-        src = block(s32, s16, sbf, sg, j0, n, buf)
+        if masked:
+            src = block(prow, l16, False, 0, j0, n, buf)
+        else:
+            src = block(l32, l16, bf16, g, j0, n, buf)
         thr = best
         left = 0  # the block's entries >= thr (a comparison pass, which vectorises)
         for i in range(n):
@@ -206,56 +209,8 @@ def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts
         cnt = _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t)
         if cnt != 0:  # a seen argmax: its penalised value, then the ids that reach it
             best = _penalised(m, cnt, pt[5][b], pt[6][b], pt[7][b])
-            if masked:
-                tok, best, fast = _scan(
-                    prow,
-                    l16,
-                    False,
-                    0,
-                    l32,
-                    l16,
-                    bf16,
-                    g,
-                    pt,
-                    b,
-                    r,
-                    L,
-                    P,
-                    counted,
-                    counts,
-                    drafts,
-                    lo,
-                    j,
-                    t,
-                    best,
-                    tok,
-                    buf,
-                )
-            else:
-                tok, best, fast = _scan(
-                    l32,
-                    l16,
-                    bf16,
-                    g,
-                    l32,
-                    l16,
-                    bf16,
-                    g,
-                    pt,
-                    b,
-                    r,
-                    L,
-                    P,
-                    counted,
-                    counts,
-                    drafts,
-                    lo,
-                    j,
-                    t,
-                    best,
-                    tok,
-                    buf,
-                )
+            tok, best, fast = _scan(masked, prow, l32, l16, bf16, g, pt, b, r, L, P, counted,
+                                    counts, drafts, lo, j, t, best, tok, buf)  # fmt: skip
     if fast:
         bias_ids = pt[9]
         for k in range(bias_ids.shape[1]):
