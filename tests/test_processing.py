@@ -631,9 +631,9 @@ def test_verification_with_processing_equals_verifying_the_processed_rows(
 )
 def test_the_greedy_shortcut_equals_the_processed_argmax(seed, on, V, ties, bf16):
     # greedy rows take the raw row's argmax and process only the ids that can beat it;
-    # small integer logits make ties, +-0, named, masked and seen maxima common (V = 7:
-    # flat rows past the seen argmax's scan cap); decreasing and increasing penalties, bias
-    # on the raw argmax, rows of -inf and NaN
+    # small integer logits make ties, +-0, named, masked and seen maxima common (V = 33
+    # and 64: flat rows past the seen argmax's scan cap of 8 ids); decreasing and
+    # increasing penalties, bias on the raw argmax, rows of -inf and NaN
     dtype = torch.bfloat16 if bf16 else torch.float32
     a = random_args(seed, V=V, dtype=dtype)
     a = accepted_drafts(a, 3) if on[5] else a
@@ -823,8 +823,15 @@ SHORTCUT_CASES = {
                                        presence_penalty=torch.tensor([1.0])), 4),
     "seen-argmax-a-bias-id-beats-its-penalised-value": (
         [0.0, 3.0, 0.0, 1.0], dict(bias(0, 2.0), repetition_penalty=torch.tensor([2.0])), 0),
-    "seen-argmax-of-a-flat-row-past-the-scan-cap": (
-        [1.0, 2.0] + [1.0] * 10, dict(repetition_penalty=torch.tensor([4.0])), 0),
+    "seen-argmax-of-a-flat-row-past-the-scan-cap": (  # 10 masked ids reach 2.0: then 14
+        [0.0, 4.0, 0.0] + [3.0] * 10 + [1.0, 2.5],
+        dict(allowed_token_mask=bits([[0, 1, 2, 13, 14]], 15),
+             repetition_penalty=torch.tensor([2.0])), 14),
+    "seen-argmax-penalised-to-minus-inf": (  # the full row: all -inf or NaN, so id 0
+        [float("nan"), -2.0, float("-inf"), float("-inf")],
+        dict(repetition_penalty=torch.tensor([3e38])), 0),
+    "seen-argmax-penalised-to-nan": (  # inf - inf: NaN reads as -inf, so id 0 (1.0) wins
+        [1.0, float("inf"), 0.5, 0.0], dict(frequency_penalty=torch.tensor([2e38])), 0),
     "masked-argmax-from-the-grammar-mask": (
         [0.0, 1.0, 2.0, 3.0], dict(grammar_mask=bits([[1, 3]], 4), bad_word_ids=i32([[[3]]])),
         1),

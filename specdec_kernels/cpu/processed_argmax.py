@@ -83,15 +83,16 @@ def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, cnt, t):
 
 @jit
 def _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t):
-    """Token ``t``'s count in ``counts``' encoding (0 without penalties): read from
-    ``counts`` once the history is counted, else from two comparison passes (prompt,
-    output) and the drafts ``d_0 .. d_{j-1}``, which vectorise."""
+    """Token ``t``'s count in ``counts``' encoding (0 without penalties; the rule of
+    ``processing_rows.count_upto`` for one token): read from ``counts`` once the history is
+    counted, else from two comparison passes (prompt, output), which vectorise, and the
+    drafts ``d_0 .. d_{j-1}``."""
     if not pen:
         return np.int32(0)
     if counted:
         return counts[t]
-    prompt, output = pt[0][r, :P], pt[0][r, P:L]  # (loops from 0: a loop from P measured
-    in_prompt = 0  # 2.7x slower, not vectorised)
+    prompt, output = pt[0][r, :P], pt[0][r, P:L]  # (loops from 0: one from P measured
+    in_prompt = 0  # 2.7x slower alone, 4x in the op: not vectorised)
     for i in range(prompt.shape[0]):
         in_prompt += prompt[i] == t
     n = 0
@@ -185,13 +186,13 @@ def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts
     (:func:`_named`). Then every entry other than a bias id's is at most its (masked) raw
     value, and the entries the processing leaves alone are at most ``t``'s and equal only
     at higher ids. If ``t`` is unseen (not in the history or the drafts before the row:
-    one comparison pass), its entry is unchanged; if seen, its penalised value is
-    computed alone and the ids whose (masked) raw value still reaches it are processed
-    alone (:func:`_scan`; usually a few). Either way the bias ids whose biased value
-    reaches the best are computed alone last (:func:`_value_at`). Otherwise (a penalty
-    that can raise a logit, ``t`` named, no allowed entry above ``-inf``, or a flat row
-    with more than :data:`SCAN_CAP` such ids) the row is processed into ``prow`` and its
-    argmax taken."""
+    two comparison passes, :func:`_count_of`), its entry is unchanged; if seen, its
+    penalised value is computed alone and the ids whose (masked) raw value still reaches
+    it are processed alone (:func:`_scan`; usually a few). Either way the bias ids whose
+    biased value reaches the best are computed alone last (:func:`_value_at`). Otherwise
+    (a penalty that can raise a logit, ``t`` named, no allowed entry above ``-inf``, a
+    penalised value of ``-inf`` or NaN, or a flat row with more than :data:`SCAN_CAP`
+    such ids) the row is processed into ``prow`` and its argmax taken."""
     V = prow.shape[1]
     t = argmax(l32, l16, bf16, g, V, buf)
     m = as_float32(l16[g, t]) if bf16 else l32[g, t]
@@ -209,6 +210,8 @@ def processed_argmax(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, counted, drafts
         cnt = _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t)
         if cnt != 0:  # a seen argmax: its penalised value, then the ids that reach it
             best = _penalised(m, cnt, pt[5][b], pt[6][b], pt[7][b])
+            fast = best > NEG_INF  # (-inf or NaN, as an overflow leaves it: the full row)
+        if cnt != 0 and fast:
             tok, best, fast = _scan(masked, prow, l32, l16, bf16, g, pt, b, r, L, P, counted,
                                     counts, drafts, lo, j, t, best, tok, buf)  # fmt: skip
     if fast:
