@@ -102,6 +102,10 @@ for logits, on, logits_mode in (("*fp32", True, False), ("*bf16", False, True),
                                     NB=nb, CAP=max(64, 4 * nb), RB=32),
               dict(ptrs, logits_ptr=logits),
               {"stride_lr": "i64", "stride_lv": "i64"})
+    # logprobs = 1 with k = 0 and contiguous rows: Triton makes ints equal to 1 constants
+    build(K._top_n_kernel, dict(LOGITS=logits_mode, BLOCK=1024, SEARCH_BLOCK=128, NPIV=16,
+                                NB=1, CAP=64, RB=32, N=1, K1=1, stride_lv=1),
+          dict(ptrs, logits_ptr=logits), {"stride_lr": "i64"})
     absent = {} if on else dict(top_k_ptr=None, top_p_ptr=None, min_p_ptr=None)
     build(K._processed_values_kernel,
           dict(HAS_TOP_K=on, HAS_TOP_P=on, HAS_MIN_P=on, LOGITS=logits_mode, BLOCK=1024,

@@ -131,6 +131,7 @@ def test_every_path_equals_the_reference_on_rows_of_several_blocks(N, kernel_dev
                 got = tuple(t.cpu() for t in IMPLS[impl](*a, num_logprobs=N, logprobs_mode=mode))
                 what = f"{impl} {trial} {mode}"
                 assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), what
+                torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6, msg=what)
                 torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6, msg=what)
 
 
@@ -216,17 +217,17 @@ def _paths_equal_the_reference(a, N, mode, kernel_device, what):
 def test_processed_modes_every_path_equals_the_reference_on_rows_of_several_blocks(
     dtype, kernel_device
 ):
-    # V past 2 x 1024 and N past 64 (the CPU path's sorted top N), rounded logits (ties
-    # across blocks), every filter now and then
+    # V past 2 x 1024 and N past 64 (the CPU path's sorted top N) and past 128 (the CUDA
+    # path's torch route), rounded logits (ties across blocks), every filter now and then
     g = torch.Generator().manual_seed(len(str(dtype)))
-    for trial in range(4):
+    for trial in range(5):
         V = int(torch.randint(2049, 2600, (1,), generator=g))
         logits = (torch.randn(4, V, generator=g) * 3).round(decimals=trial % 2).to(dtype)
         out = torch.randint(0, V, (2, 2), generator=g, dtype=I32)
         emitted, cu = _i32([2, 1]), _i32([0, 1, 2])
         out[1, 1] = -1
         params = _sampling_params(g, 2)
-        N = (5, 70, 120, 3)[trial]
+        N = (5, 70, 120, 3, 200)[trial]
         for mode in ("processed_logprobs", "processed_logits"):
             _paths_equal_the_reference((logits, out, emitted, cu, *params), N, mode,
                                        kernel_device, f"{trial} {mode}")  # fmt: skip
@@ -446,13 +447,17 @@ def test_bad_input_raises_value_error(kw, match):
         _bad(**kw)
 
 
-def test_the_cuda_launcher_refuses_more_logprobs_than_the_vocabulary():
-    # torch.ops.specdec.top_logprobs called directly skips the wrapper's check: the
-    # launcher's own keeps the kernel's search (which needs N <= V) in bounds
-    a = (torch.zeros(2, 5), _i32([[1]]), _i32([1]), _i32([0, 0]))
-    for N in (6, 200):  # the kernel's and the torch route's
-        with pytest.raises(ValueError, match="num_logprobs must be in"):
-            cuda_top(*a, num_logprobs=N, logprobs_mode="raw_logits")
+def test_the_cuda_path_stays_in_bounds_with_more_logprobs_than_the_vocabulary():
+    # torch.ops.specdec.top_logprobs called directly skips the wrapper's N <= V: the kernel
+    # (N <= 128) and the torch route find the top V and fill the rest with -1 and 0
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, -1.0]])
+    a = (logits, _i32([[1]]), _i32([1]), _i32([0, 0]))
+    want = reference_top(*a, num_logprobs=5, logprobs_mode="raw_logprobs")
+    for N in (8, 200):
+        got = cuda_top(*a, num_logprobs=N, logprobs_mode="raw_logprobs")
+        assert got[2][0, 0, :5].tolist() == want[2][0, 0].tolist() == [1, 3, 2, 0, 4]
+        assert (got[2][0, 0, 5:] == -1).all() and (got[3][0, 0, 5:] == 0).all()
+        torch.testing.assert_close(got[3][0, 0, :5], want[3][0, 0], rtol=1e-5, atol=1e-6)
 
 
 def test_value_checks_can_be_turned_off():

@@ -11,12 +11,12 @@ counts, and the candidates are ordered by ``(key desc, id asc)`` against each ot
 ``4 N`` candidate slots, a pivot search finds the ``N``-th largest key exactly (16 pivots
 a pass, up to ~8 passes, as the sampler's top-k threshold) and exactly ``N`` ids are
 gathered. No host synchronisation, static shapes; temporaries: the rows read (int64
-``[B (k+1)]``) and the candidate slots (int32 ``[B (k+1), max(64, 4 N)]``). For
-``N > MAX_KERNEL_N`` the values come from torch ops (one int64 key per logit, the logit's
-32-bit key above the complement of its id, and one ``topk``): on an H200 that route took
-0.9-4 ms a call, 0.21-0.35x vLLM's ``log_softmax`` + ``topk``
-(bench/results/2026-12-04-nvidia-h200-processing-logprobs-frequency.md), which is why the
-kernel exists; the kernel itself has not yet run on a GPU.
+``[B (k+1)]``) and the candidate slots (int32 ``[B (k+1), CAP]``, ``CAP`` = 4 N rounded up
+to a power of two, at least 64). For ``N > MAX_KERNEL_N``, torch ops (one int64 key per
+logit, its 32-bit key above the complement of its id, and one ``topk``): on an H200 that
+route took 0.9-4 ms a call, 0.21-0.35x vLLM's ``log_softmax`` + ``topk`` (bench/results/
+2026-12-04-nvidia-h200-processing-logprobs-frequency.md), why the kernel exists; the
+kernel has not yet run on a GPU.
 
 The processed modes' values of a sampled request come from one Triton program per slot
 (``_processed_values_kernel``), which finds the row's maximum, weights and filters'
@@ -33,6 +33,7 @@ import triton.language as tl
 
 from specdec_kernels.kernels import _utils
 from specdec_kernels.kernels import rejection as _rejection
+from specdec_kernels.kernels._topk_torch import top_logprobs_torch as _top_logprobs_torch
 from specdec_kernels.kernels._utils import next_pow2
 from specdec_kernels.kernels.sampling import (
     EXP2_MIN,
@@ -42,8 +43,6 @@ from specdec_kernels.kernels.sampling import (
     _row_max,
     _row_sums,
 )
-
-_LOW32 = (1 << 32) - 1
 
 
 @triton.jit
@@ -150,7 +149,10 @@ def _top_n_kernel(
             lane = tl.maximum(lane, _keys(_load_logits(row_ptr, offs, V, stride_lv)))
         m_key = tl.max(lane, axis=0)  # the keys are their own inverse: back to the max
         m = (m_key ^ ((m_key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-        lo = _nth_in_block(lane.to(tl.int64), tl.maximum(N, 1), NPIV)
+        NV = tl.minimum(N, V)  # (N > V only unvalidated: ids -1, values 0 past V)
+        tl.store(ids_ptr + s * N + nb, -1, mask=(nb >= NV) & (nb < N))
+        tl.store(vals_ptr + s * N + nb, 0.0, mask=(nb >= NV) & (nb < N))
+        lo = _nth_in_block(lane.to(tl.int64), tl.maximum(NV, 1), NPIV)
         finite = (m > float("-inf")) & (m < float("inf"))
         rank = 0
         n_max = 0
@@ -170,8 +172,9 @@ def _top_n_kernel(
         log_s = tl.log(tl.where(finite, S, 1.0))
         tl.store(rank_ptr + s, rank)
         tl.store(tok_lp_ptr + s, _value(x_tok, m, finite, log_s, n_max, LOGITS))
-        if (N > 0) & (n_cand > CAP):  # ties at lo: the N-th largest key, then N ids
-            tau, n_gt = _nth_key(row_ptr, V, stride_lv, m, N, lo, SEARCH_BLOCK, NPIV)
+        if (NV > 0) & (n_cand > CAP):  # ties at lo: the N-th largest key, then N ids
+            tl.debug_barrier()  # every first candidate written before any is overwritten
+            tau, n_gt = _nth_key(row_ptr, V, stride_lv, m, NV, lo, SEARCH_BLOCK, NPIV)
             n_cand = 0
             n_eq = 0
             for c in range(0, V, BLOCK):
@@ -179,13 +182,13 @@ def _top_n_kernel(
                 key = _keys(_load_logits(row_ptr, offs, V, stride_lv)).to(tl.int64)
                 eq = (key == tau) & (offs < V)
                 take = ((key > tau) & (offs < V)) | (
-                    eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= N - n_gt)
+                    eq & (n_eq + tl.cumsum(eq.to(tl.int32), 0) <= NV - n_gt)
                 )  # the lowest ids of the tie at tau
                 pos = n_cand + tl.cumsum(take.to(tl.int32), 0) - 1
                 tl.store(cand_ptr + s * CAP + pos, offs, mask=take & (pos < CAP))
                 n_cand += tl.sum(take.to(tl.int32), axis=0)
                 n_eq += tl.sum(eq.to(tl.int32), axis=0)
-        if N > 0:
+        if NV > 0:
             tl.debug_barrier()  # the candidates written above, read by other threads
             cb = tl.arange(0, CAP)
             all_ids = tl.load(cand_ptr + s * CAP + cb, mask=cb < n_cand, other=0)
@@ -198,7 +201,7 @@ def _top_n_kernel(
                 l = _load_logits(row_ptr, ids, V, stride_lv)
                 own = _keys(l).to(tl.int64) * 4294967296 + (4294967295 - ids.to(tl.int64))
                 pos = tl.sum((order[None, :] > own[:, None]).to(tl.int32), axis=1)
-                keep = (rb < n_cand) & (pos < N)
+                keep = (rb < n_cand) & (pos < NV)
                 tl.store(ids_ptr + s * N + pos, ids, mask=keep)
                 tl.store(
                     vals_ptr + s * N + pos, _value(l, m, finite, log_s, n_max, LOGITS), mask=keep
@@ -291,16 +294,6 @@ def _processed_values_kernel(
                 tl.store(tok_lp_ptr + s + offs * 0, v, mask=offs == N)
 
 
-def _order_keys(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys ordered as ``(x desc, id asc)`` for fp32 rows ``x`` without NaN and without
-    -0.0 (one int64 per logit: the float's order-preserving 32-bit key, then the id's
-    complement)."""
-    bits = x.view(torch.int32)
-    key = (bits >> 31).bitwise_and_(0x7FFFFFFF).bitwise_xor_(bits)  # negative floats: flipped
-    ids = torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
-    return key.to(torch.int64).mul_(1 << 32).add_(_LOW32 - ids)
-
-
 MAX_KERNEL_N = 128
 """Largest ``num_logprobs`` the Triton kernel orders (an ``[N, N]`` comparison); above
 it, ``torch.topk`` (OpenAI and vLLM's defaults cap N at 20)."""
@@ -313,8 +306,6 @@ def top_logprobs(
     """The CUDA implementation of ``specdec::top_logprobs`` (registered directly)."""
     B, K1 = output_token_ids.shape
     N, V = num_logprobs, target_logits.shape[1]
-    if not 0 <= N <= max(V, 0):  # (the wrapper refuses it first; the op called directly)
-        raise ValueError(f"num_logprobs must be in [0, V = {V}], got {N}")
     device = target_logits.device
     tok_lp = _utils._empty((B, K1), torch.float32, device)
     tok_rank = _utils._empty((B, K1), torch.int32, device)
@@ -354,42 +345,3 @@ def top_logprobs(
             NPIV=npiv, ID_BLOCK=min(128, next_pow2(N + 1)),
         )  # fmt: skip
     return tok_lp, tok_rank, top_ids, top_vals
-
-
-def _top_logprobs_torch(target_logits, output_token_ids, num_emitted, cu_num_draft_tokens, N,
-                        logits_mode, outputs):  # fmt: skip
-    """The raw values for ``N > MAX_KERNEL_N``, in torch ops, written into ``outputs``;
-    returns the row each slot read (int64 ``[B (k+1)]``)."""
-    tok_lp, tok_rank, top_ids, top_vals = outputs
-    B, K1 = output_token_ids.shape
-    V, device = target_logits.shape[1], target_logits.device
-    j = torch.arange(K1, device=device)
-    live = j[None, :] < num_emitted.clamp(0, K1)[:, None].to(device)
-    rows = cu_num_draft_tokens[:-1].long()[:, None] + torch.arange(B, device=device)[:, None] + j
-    rows = torch.where(live, rows, 0).clamp(0, target_logits.shape[0] - 1)
-    x = target_logits.index_select(0, rows.flatten()).float()  # a copy: changed in place
-    x.masked_fill_(torch.isnan(x), float("-inf")).add_(0.0)  # NaN as -inf; -0.0 as +0.0
-    tok = output_token_ids.flatten().long().clamp(0, V - 1)[:, None]
-    x_tok = x.gather(1, tok)
-    rank = (x >= x_tok).sum(1, keepdim=True)
-    m = x.max(1, keepdim=True).values
-    n_max = (x == m).sum(1, keepdim=True)
-    ids = _LOW32 - (_order_keys(x).topk(N, dim=1).values & _LOW32)
-    picked = torch.cat([x.gather(1, ids), x_tok], 1)  # the N values and the token's
-    if logits_mode:
-        values = picked
-    else:  # (x - m) - log S, S summed in float64; no finite maximum: -log n at the n maxima
-        finite = torch.isfinite(m)
-        safe_m = torch.where(finite, m, 0.0)
-        log_s = x.sub_(safe_m).exp_().sum(1, keepdim=True, dtype=torch.float64).log_()
-        values = torch.where(
-            finite,
-            ((picked - safe_m) - log_s).float(),
-            torch.where(picked == m, -torch.log(n_max.float()), float("-inf")),
-        )
-    live = live.flatten()[:, None]
-    top_ids.copy_(torch.where(live, ids, -1).view(B, K1, N))
-    top_vals.copy_(torch.where(live, values[:, :N], 0.0).view(B, K1, N))
-    tok_lp.copy_(torch.where(live, values[:, N:], 0.0).view(B, K1))
-    tok_rank.copy_(torch.where(live, rank, 0).view(B, K1))
-    return rows.flatten()
