@@ -111,10 +111,10 @@ def _scan(masked, prow, l32, l16, bf16, g, pt, b, r, L, P, counted, counts, draf
     """The best ``(value, -id)`` among ``(best, tok)`` and the ids other than ``t`` whose
     entry in the raw row (``masked``: ``prow``, the row with its mask) reaches it, each
     processed alone (:func:`_value_at`), for a row whose processing only lowers entries
-    other than the bias ids'. Branch and bound: a block with no entry at the best so far (a counting
-    pass) is skipped, and its entries are read only up to the last that reaches it.
-    Returns ``(tok, best, ok)``; not ok after :data:`SCAN_CAP` ids (a flat row: the
-    caller processes it in full)."""
+    other than the bias ids'. Branch and bound: a block with no entry at the best so far
+    (a counting pass) is skipped, and its entries are read only up to the last that
+    reaches it. Returns ``(tok, best, ok)``; not ok after :data:`SCAN_CAP` ids (a flat
+    row: the caller processes it in full)."""
     V = max(l32.shape[1], l16.shape[1])
     n_eval = 0
     for j0 in range(0, V, BLOCK):
