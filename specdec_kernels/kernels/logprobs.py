@@ -53,6 +53,26 @@ def _keys(l):
 
 
 @triton.jit
+def _order(l, ids):
+    """int64 keys ordered as ``(l desc, id asc)``: the logit's key above ``~id``."""
+    return _keys(l).to(tl.int64) * 4294967296 + (4294967295 - ids.to(tl.int64))
+
+
+@triton.jit
+def _narrow(piv, ge, N, lo, hi):
+    """One step of the pivot searches: ``ge[i]`` keys are at or above ``piv[i]`` (a
+    non-increasing count, so ``ge >= N`` holds on a prefix); returns the new ``lo``, ``hi``
+    and the first pivot that failed (``hi + 1`` if none did)."""
+    ok = ge >= N
+    first_fail = tl.min(tl.where(ok, hi + 1, piv), axis=0)
+    return (
+        tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0)),
+        tl.minimum(hi, first_fail - 1),
+        first_fail,
+    )
+
+
+@triton.jit
 def _nth_in_block(keys, N, NPIV: tl.constexpr):
     """The ``N``-th largest entry of the int64 vector ``keys`` (``1 <= N <= len``), by the
     pivot search of :func:`_nth_key` in registers (no memory read)."""
@@ -62,9 +82,8 @@ def _nth_in_block(keys, N, NPIV: tl.constexpr):
     while lo < hi:
         step = (hi - lo + NPIV - 1) // NPIV
         piv = tl.minimum(lo + 1 + piv_i * step, hi)
-        ok = tl.sum((keys[:, None] >= piv[None, :]).to(tl.int32), axis=0) >= N
-        lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
-        hi = tl.minimum(hi, tl.min(tl.where(ok, hi + 1, piv), axis=0) - 1)
+        ge = tl.sum((keys[:, None] >= piv[None, :]).to(tl.int32), axis=0)
+        lo, hi, first_fail = _narrow(piv, ge, N, lo, hi)
     return lo
 
 
@@ -92,11 +111,9 @@ def _nth_key(row_ptr, V, stride_v, m, N, lo, BLOCK: tl.constexpr, NPIV: tl.const
             if tl.max(inside.to(tl.int32), axis=0) > 0:
                 hit = (key[:, None] >= piv[None, :]) & inside[:, None]
                 ge += tl.sum(hit.to(tl.int32), axis=0)
-        ok = ge >= N  # a prefix of the pivots
-        lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
-        first_fail = tl.min(tl.where(ok, hi + 1, piv), axis=0)
+        new_lo, new_hi, first_fail = _narrow(piv, ge, N, lo, hi)
         n_hi = tl.where(first_fail <= hi, tl.max(tl.where(piv == first_fail, ge, 0), axis=0), n_hi)
-        hi = tl.minimum(hi, first_fail - 1)
+        lo, hi = new_lo, new_hi
     return lo, n_hi
 
 
@@ -193,14 +210,12 @@ def _top_n_kernel(
             cb = tl.arange(0, CAP)
             all_ids = tl.load(cand_ptr + s * CAP + cb, mask=cb < n_cand, other=0)
             all_l = _load_logits(row_ptr, all_ids, V, stride_lv)
-            order = _keys(all_l).to(tl.int64) * 4294967296 + (4294967295 - all_ids.to(tl.int64))
-            order = tl.where(cb < n_cand, order, -9223372036854775807)
+            order = tl.where(cb < n_cand, _order(all_l, all_ids), -9223372036854775807)
             for r0 in range(0, tl.minimum(n_cand, CAP), RB):
                 rb = r0 + tl.arange(0, RB)
                 ids = tl.load(cand_ptr + s * CAP + rb, mask=rb < n_cand, other=0)
                 l = _load_logits(row_ptr, ids, V, stride_lv)
-                own = _keys(l).to(tl.int64) * 4294967296 + (4294967295 - ids.to(tl.int64))
-                pos = tl.sum((order[None, :] > own[:, None]).to(tl.int32), axis=1)
+                pos = tl.sum((order[None, :] > _order(l, ids)[:, None]).to(tl.int32), axis=1)
                 keep = (rb < n_cand) & (pos < NV)
                 tl.store(ids_ptr + s * N + pos, ids, mask=keep)
                 tl.store(
