@@ -25,6 +25,7 @@ from specdec_kernels.cpu._jit import (
     NONE_I32,
     NONE_I32_2D,
     NONE_I32_3D,
+    borrowed,
     float_rows,
     jit,
     np_,
@@ -111,6 +112,10 @@ def _process(l32, l16, bf16, drafts, cu, pt, out, counts, uniq, words):
     n_rows, V = out.shape
     B = cu.shape[0] - 1
     copied = np.zeros(n_rows, dtype=np.bool_)
+    l32, l16, drafts, out, counts, uniq, words = borrowed(
+        (l32, l16, drafts, out, counts, uniq, words)
+    )  # what the rows' functions are passed, without reference counts
+    pt = borrowed(pt)
     for b in range(B):
         r, L, P, pen, nu = request_start(pt, b, V, counts, uniq, True)
         if r < 0:

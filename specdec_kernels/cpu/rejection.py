@@ -24,6 +24,7 @@ from specdec_kernels.cpu._jit import (
     NONE_I32,
     NONE_I64,
     as_float32,
+    borrowed,
     float_rows,
     jit,
     np_,
@@ -134,6 +135,11 @@ def _reject(
         return False
     if check and proc and not processing_values_ok(pt, B, V):
         return False
+    # what the rows' functions are passed, without reference counts (``borrowed``)
+    l32, l16, q32, q16, drafts, w, blocks, refs, buf, counts, uniq, words, prow, fwork = borrowed(
+        (l32, l16, q32, q16, drafts, w, blocks, refs, buf, counts, uniq, words, prow, fwork)
+    )
+    pt = borrowed(pt)
     for b in range(B):
         out[b, :] = -1
         if lp_on:
