@@ -16,6 +16,7 @@ import torch
 
 from specdec_kernels.cpu import philox as torch_philox
 from specdec_kernels.cpu import sampling
+from specdec_kernels.cpu._jit import borrowed, jit
 from specdec_kernels.ops import ngram_propose, rejection_sample
 
 
@@ -272,3 +273,20 @@ def test_batch_row_statistics_of_the_value_checks_are_those_of_indexing(with_row
         gap = v - other[picked] if with_other else torch.zeros(1, dtype=torch.int32)
         want = (v.numel(), int(v.min()), int(v.max()), int(gap.min()), int(gap.max()))
         assert tuple(int(x) for x in got) == want, trial
+
+
+@jit
+def _through_borrowed(a, b):
+    """Writes through a borrowed array and through a borrowed tuple's arrays, then reads
+    them back from the originals."""
+    v = borrowed(a)
+    v[0] = 7.0
+    t = borrowed((a, np.int64(3), b, True))
+    t[2][1] = t[1] + 2
+    return a[0] + b[1] + t[0][2] + (t[3] and v.shape[0] == a.shape[0])
+
+
+def test_borrowed_views_are_the_arrays_themselves():
+    a, b = np.arange(4, dtype=np.float32), np.zeros(2, dtype=np.int64)
+    assert _through_borrowed(a, b) == 7.0 + 5 + 2.0 + 1
+    assert a[0] == 7.0 and b[1] == 5  # the writes reached the caller's arrays
