@@ -105,7 +105,7 @@ _SCALARS = frozenset({int, float, bool, str, type(None)})
 """The non-tensor argument types of a schema: nothing to look at (the common case first)."""
 
 
-def _plain_cpu(values) -> bool:
+def plain_cpu(values) -> bool:
     """Whether every value may reach the CPU function straight: not a tensor, or a plain
     CPU tensor that no autograd, subclass (fake, functional) or transform needs to see
     (lists and tuples: their items)."""
@@ -116,7 +116,7 @@ def _plain_cpu(values) -> bool:
                 return False
         elif kind in _SCALARS:
             continue
-        elif isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and not _plain_cpu(v)):
+        elif isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and not plain_cpu(v)):
             return False
     return True
 
@@ -170,5 +170,5 @@ def calls_cpu_directly(kwargs: dict) -> bool:
         and not torch._C._are_functorch_transforms_active()
         and torch._C._get_tracing_state() is None
         and not torch._C._autograd._profiler_enabled()  # a trace shows the op's event
-        and _plain_cpu(kwargs.values())
+        and plain_cpu(kwargs.values())
     )

@@ -81,15 +81,16 @@ def processed_logits(a: dict) -> torch.Tensor:
 
 def prepare(
     target_logits, draft_token_ids, cu_num_draft_tokens, token_ids, num_tokens,
-    num_prompt_tokens, req_indices=None, *, repetition_penalty=None, frequency_penalty=None,
+    num_prompt_tokens, req_indices=None, repetition_penalty=None, frequency_penalty=None,
     presence_penalty=None, logit_bias_ids=None, logit_bias_values=None, allowed_token_mask=None,
-    grammar_mask=None, bad_word_ids=None, min_tokens=None, stop_token_ids=None, validate=None,
+    grammar_mask=None, bad_word_ids=None, min_tokens=None, stop_token_ids=None, *, validate=None,
 ) -> tuple:  # fmt: skip
     """:func:`process_logits`' checks: ``(value_checks, kwargs)``, its value checks as a
     function (None where they do not run; they raise its ``ValueError``; the CPU kernels
     run the same checks themselves, ``cpu/processing.py``'s ``values_ok``) and the keyword
     arguments of its op, normalised (contiguous, the three penalties together). Shared with
-    ``rejection_sample(..., processing=...)``."""
+    ``rejection_sample(..., processing=...)``, which passes a ``LogitsProcessing``
+    positionally (its fields are the arguments after ``cu_num_draft_tokens``, in order)."""
     target_logits = check_tensor("target_logits", target_logits, dtype=LOGIT_DTYPES, ndim=2)
     device = target_logits.device
     i32, f32 = torch.int32, torch.float32

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.cpu import rejection as _cpu
-from specdec_kernels.ops._library import call, calls_cpu_directly, define, refused
+from specdec_kernels.ops._library import call, calls_cpu_directly, define, plain_cpu, refused
 from specdec_kernels.ops._validation import (
     FLOAT32_MAX,
     INT64_MAX,
@@ -261,7 +261,7 @@ def rejection_sample(
                 f"processing must be a LogitsProcessing, got {type(processing).__name__}"
             )
         proc_checks, proc = prepare(target_logits, draft_token_ids, cu_num_draft_tokens,
-                                    **processing._asdict(), validate=validate)  # fmt: skip
+                                    *processing, validate=validate)  # fmt: skip
     target_logits = check_tensor("target_logits", target_logits, dtype=LOGIT_DTYPES, ndim=2)
     device = target_logits.device
     draft_token_ids = check_tensor(
@@ -329,8 +329,8 @@ def rejection_sample(
                       cu_num_draft_tokens=cu, draft_probs=draft_probs, temperature=temperature,
                       top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, offsets=offsets,
                       num_speculative_tokens=k, return_logprobs=return_logprobs)  # fmt: skip
-        extra = {n: t for n, t in proc.items() if n not in kwargs}
-        if calls_cpu_directly({**kwargs, **extra}):  # one kernel, checks inside, fused rows
+        extra = {n: proc[n] for n in LogitsProcessing._fields}
+        if calls_cpu_directly(kwargs) and plain_cpu(extra.values()):  # one kernel, fused rows
             checks = [c for c in (proc_checks, value_checks) if c is not None]  # both or none
             result = _cpu.rejection_sample_processed(
                 **kwargs, check=bool(checks), processing=extra

@@ -693,6 +693,16 @@ def test_plain_cpu_tensors_take_the_one_kernel_route(monkeypatch):
     assert calls == [1]  # a mode: the two ops
 
 
+def test_a_logits_processing_unpacks_into_the_checks_in_order():
+    # rejection_sample passes a LogitsProcessing to the checks positionally
+    import inspect
+
+    from specdec_kernels.ops._processing_args import prepare
+
+    names = list(inspect.signature(prepare).parameters)
+    assert names[3 : 3 + len(LogitsProcessing._fields)] == list(LogitsProcessing._fields)
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["process_logits", "fused"])
 def test_masked_ids_stay_minus_inf_whatever_the_penalties(fused):
     # a negative frequency penalty of -3e38 on a token seen twice overflows to +inf; the
