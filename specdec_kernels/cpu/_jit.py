@@ -108,8 +108,10 @@ def borrowed(typingctx, x):
     does not reference-count (its null ``meminfo``, as for a constant array). numba counts
     a reference to an array each time a call passes it (two atomic operations, ~40 ns each
     here, where LLVM does not inline the callee); a kernel that passes arrays to a function
-    per row borrows them once at its start. A borrowed view must not outlive the call
-    (returned, stored): the caller's arrays keep the memory alive until then."""
+    per row borrows them once at its start. Only a kernel's own arguments: the Python
+    caller holds them until the call returns, while numba may free an array the kernel
+    allocates after its last counted use, under a borrowed view. A borrowed view must not
+    outlive the call (returned, stored)."""
     if isinstance(x, types.Array):
         return x(x), lambda context, builder, sig, args: _borrow(context, builder, x, args[0])
     if not isinstance(x, types.BaseTuple):
