@@ -32,6 +32,7 @@ from specdec_kernels.cpu._jit import (
     NONE_I32_2D,
     NONE_I64,
     NONE_I64_2D,
+    borrowed,
     jit,
     np_,
     opt,
@@ -168,6 +169,7 @@ def _index_rows(token_ids, num_tokens, rows, has_rows, keys, vals, nodes, used, 
         return False
     path = np.zeros(D + 2, np.int64)  # node 0 where a corrupt trie leaves a depth unfilled
     B = rows.shape[0] if has_rows else R
+    token_ids, keys, vals, nodes, used = borrowed((token_ids, keys, vals, nodes, used))
     for b in range(B):
         r = rows[b] if has_rows else b
         if r < 0 or r >= R:
@@ -284,6 +286,9 @@ def _propose(token_ids, num_tokens, rows, has_rows, caps, has_caps, keys, vals, 
                                        length, True, B):  # fmt: skip
         return False
     a = min(max(c_state[ACTIVE], 0), 1) if has_corpus else 0
+    token_ids, keys, vals, nodes, c_tokens, c_keys, c_vals, c_nodes, drafts, probs = borrowed(
+        (token_ids, keys, vals, nodes, c_tokens, c_keys, c_vals, c_nodes, drafts, probs)
+    )  # passed per request and per context length: without reference counts
     for b in range(B):
         r = rows[b] if has_rows else b
         drafts[b, :] = -1

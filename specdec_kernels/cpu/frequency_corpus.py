@@ -18,7 +18,7 @@ import numpy as np
 
 from specdec_kernels.constants import FREQUENCY_CORPUS_STATE as _FIELDS
 from specdec_kernels.constants import FREQUENCY_CORPUS_WORK as WORK
-from specdec_kernels.cpu._jit import NONE_I32, jit, np_, opt
+from specdec_kernels.cpu._jit import NONE_I32, borrowed, jit, np_, opt
 from specdec_kernels.cpu.frequency import append_position
 
 ACTIVE, SIZE, RES0, RES1, REBUILDING, FIRST, NEXT_DOC, NEXT_OFF, NEW_SIZE, HEAD, TAIL = (
@@ -125,6 +125,9 @@ def _append_docs(doc_tokens, doc_lens, rows, has_rows, tokens, keys, vals, nodes
     R, W = doc_tokens.shape
     B = rows.shape[0] if has_rows else R
     piece = max(C // 8 - 1, 1)
+    doc_tokens, tokens, keys, vals, nodes, used, docs, state = borrowed(
+        (doc_tokens, tokens, keys, vals, nodes, used, docs, state)
+    )  # passed per position: without reference counts
     path = np.zeros(D + 2, np.int64)
     buf = np.empty(piece, np.int32)
     for i in range(B):

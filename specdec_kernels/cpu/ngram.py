@@ -21,6 +21,7 @@ from specdec_kernels.cpu._jit import (
     NONE_I32_4D,
     NONE_I64,
     NONE_I64_2D,
+    borrowed,
     jit,
     np_,
     opt,
@@ -81,6 +82,9 @@ def _propose(
     if check and not _values_ok(num_tokens, L_max, rows, has_rows, caps, has_caps, length,
                                 has_index, B):  # fmt: skip
         return False
+    token_ids, table, c_tokens, c_meta, c_index = borrowed(
+        (token_ids, table, c_tokens, c_meta, c_index)
+    )  # passed per request and per n: without reference counts
     for b in range(B):
         r = rows[b] if has_rows else b
         drafts[b, :] = -1

@@ -21,7 +21,7 @@ from specdec_kernels.constants import NGRAM_HASH_FNV_PRIME as FNV_PRIME
 from specdec_kernels.constants import NGRAM_HASH_MASK as M32
 from specdec_kernels.constants import NGRAM_HASH_MIX1 as MIX1
 from specdec_kernels.constants import NGRAM_HASH_MIX2 as MIX2
-from specdec_kernels.cpu._jit import NONE_I32, jit, np_, opt, zeroed_i32
+from specdec_kernels.cpu._jit import NONE_I32, borrowed, jit, np_, opt, zeroed_i32
 
 
 @jit
@@ -105,6 +105,7 @@ def index_rows(token_ids, num_tokens, rows, has_rows, table, length, min_n, scra
     R, N = table.shape[0], table.shape[1]
     L_max = token_ids.shape[1]
     B = rows.shape[0] if has_rows else R
+    token_ids, table = borrowed((token_ids, table))  # passed per n-gram: not counted
     for b in range(B):
         r = rows[b] if has_rows else b
         if r < 0 or r >= R:
