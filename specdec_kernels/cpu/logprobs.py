@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdec_kernels.cpu._jit import borrowed, float_rows, jit, np_, outputs, scratch
+from specdec_kernels.cpu._jit import float_rows, jit, np_, outputs, scratch
 from specdec_kernels.cpu.filters import kept_weights
 from specdec_kernels.cpu.sampling import (
     BLOCK,
@@ -113,9 +113,6 @@ def _top(
     N = top_ids.shape[2]
     V = max(l32.shape[1], l16.shape[1])
     rows = max(l32.shape[0], l16.shape[0])
-    l32, l16, top_ids, top_vals, buf, w, neg, pw, blocks, refs, fwork = borrowed(
-        (l32, l16, top_ids, top_vals, buf, w, neg, pw, blocks, refs, fwork)
-    )  # passed per block of each row: without reference counts
     for b in range(B):
         tok_lp[b, :] = 0.0
         tok_rank[b, :] = 0
