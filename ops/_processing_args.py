@@ -26,17 +26,20 @@ _INT32_MAX = 2**31 - 1
 
 
 def _per_request(name, t, dtype, shape, what, device):
-    """``t`` checked: ``dtype``, ``shape`` (``None``: any size), ``device``; made
-    contiguous."""
+    """``t`` checked: ``dtype``, ``shape`` (``None``: any size; at most 3-D), ``device``;
+    made contiguous. ``what`` explains the shape; ``{i}`` in it stands for ``shape[i]``.
+
+    The common case is answered in a few attribute reads (ten tensors a call): a generator
+    over the sizes measured 0.86 us a tensor, these reads 0.32 us."""
     if t is None:
         return None
     got = t.shape if type(t) is torch.Tensor else ()
-    if (  # the common case in a few attribute reads (ten of these per call: a generator
-        len(got) == len(shape)  # over the sizes measured 0.86 us a tensor, this 0.32 us)
+    if (
+        len(got) == len(shape) <= 3
         and t.dtype is dtype
         and (shape[0] is None or got[0] == shape[0])
         and (len(shape) < 2 or shape[1] is None or got[1] == shape[1])
-        and (len(shape) < 3 or (len(shape) == 3 and shape[2] is None))  # (else below)
+        and (len(shape) < 3 or shape[2] is None)
         and t.device == device
         and t.is_contiguous()
     ):
@@ -44,15 +47,14 @@ def _per_request(name, t, dtype, shape, what, device):
     t = check_tensor(name, t, dtype=dtype, ndim=len(shape), device=device)
     got = tuple(t.shape)
     want = tuple(s if s is not None else got[i] for i, s in enumerate(shape))
-    check_shape(name, t, want, what)
+    check_shape(name, t, want, what.format(*shape))
     return t.contiguous()
 
 
 def _together(**tensors) -> None:
-    given = [n for n, t in tensors.items() if t is not None]
-    if given and len(given) < len(tensors):
-        missing = [n for n in tensors if n not in given]
-        raise ValueError(f"{' and '.join(tensors)} go together: {', '.join(missing)} missing")
+    """Raise: the named tensors go together, and some are missing."""
+    missing = [n for n, t in tensors.items() if t is None]
+    raise ValueError(f"{' and '.join(tensors)} go together: {', '.join(missing)} missing")
 
 
 def processed_logits(a: dict) -> torch.Tensor:
@@ -117,14 +119,13 @@ def prepare(
         raise ValueError(f"target_logits must have a vocabulary of at least 1, got V = {V}")
     check_req_indices(req_indices, "len(cu_num_draft_tokens) - 1", B, R, device)
     W = (V + 31) // 32
-    # (spelt out, and the messages' texts constant: this runs on every call)
+    # (spelt out, the messages formatted only when raised: this runs on every call)
     one = "one per request"
     penalties = [
         _per_request("repetition_penalty", repetition_penalty, f32, (B,), one, device),
         _per_request("frequency_penalty", frequency_penalty, f32, (B,), one, device),
         _per_request("presence_penalty", presence_penalty, f32, (B,), one, device),
     ]
-    names = ["repetition_penalty", "frequency_penalty", "presence_penalty"]
     if (logit_bias_ids is None) != (logit_bias_values is None):
         _together(logit_bias_ids=logit_bias_ids, logit_bias_values=logit_bias_values)
     if (min_tokens is None) != (stop_token_ids is None):
@@ -136,10 +137,10 @@ def prepare(
     if bias_ids is not None and bias_values.shape != bias_ids.shape:
         check_shape("logit_bias_values", bias_values, tuple(bias_ids.shape), "as logit_bias_ids")
     allowed = _per_request(
-        "allowed_token_mask", allowed_token_mask, i32, (B, W), "[B, ceil(V / 32)]", device
+        "allowed_token_mask", allowed_token_mask, i32, (B, W), "[B, ceil(V / 32) = {1}]", device
     )
     grammar = _per_request(
-        "grammar_mask", grammar_mask, i32, (None, W), "[rows, ceil(V / 32)]", device
+        "grammar_mask", grammar_mask, i32, (None, W), "[rows, ceil(V / 32) = {1}]", device
     )
     if grammar is not None and grammar.shape[0] < drafts.shape[0] + B:
         raise ValueError(
@@ -156,7 +157,7 @@ def prepare(
     stops = _per_request("stop_token_ids", stop_token_ids, i32, (B, None), "[B, T]", device)
 
     value_checks = None
-    if should_check_values([target_logits], validate):  # (every tensor is on its device)
+    if should_check_values([target_logits], validate):  # (all on its device, checked above)
 
         def value_checks() -> None:
             N = check_prefix_sum(
@@ -178,7 +179,8 @@ def prepare(
             if penalties[0] is not None:
                 check_value_range("repetition_penalty", penalties[0], 0, FLOAT32_MAX,
                                   "1 = off", lo_open=True)  # fmt: skip
-            for name, t in zip(names[1:], penalties[1:], strict=True):
+            for name, t in (("frequency_penalty", penalties[1]),
+                            ("presence_penalty", penalties[2])):  # fmt: skip
                 if t is not None:
                     check_value_range(name, t, -FLOAT32_MAX, FLOAT32_MAX, "finite; 0 = off")
             if bias_values is not None:

@@ -290,3 +290,16 @@ def test_borrowed_views_are_the_arrays_themselves():
     a, b = np.arange(4, dtype=np.float32), np.zeros(2, dtype=np.int64)
     assert _through_borrowed(a, b) == 7.0 + 5 + 2.0 + 1
     assert a[0] == 7.0 and b[1] == 5  # the writes reached the caller's arrays
+
+
+@jit
+def _borrow_nested(a):
+    return borrowed((a, (a,)))[0][0]
+
+
+def test_borrowed_refuses_what_it_would_release_once_too_often():
+    # a nested tuple returned as it is would be released once more than it was counted
+    import numba
+
+    with pytest.raises(numba.core.errors.TypingError):
+        _borrow_nested(np.zeros(2))

@@ -92,29 +92,36 @@ def bits_float(typingctx, x):
 
 def _borrow(context, builder, ty, value):
     """``value`` (of numba type ``ty``) with no reference count: an array's ``meminfo``
-    and ``parent`` set to null; anything else as it is."""
+    and ``parent`` set to null; a scalar as it is."""
     if not isinstance(ty, types.Array):
         return value
-    arr = context.make_array(ty)(context, builder, value=value)
-    null = context.make_array(ty)(context, builder, value=value)
-    null.meminfo = cgutils.get_null_value(arr.meminfo.type)
-    null.parent = cgutils.get_null_value(arr.parent.type)
-    return null._getvalue()
+    view = context.make_array(ty)(context, builder, value=value)
+    view.meminfo = cgutils.get_null_value(view.meminfo.type)
+    view.parent = cgutils.get_null_value(view.parent.type)
+    return view._getvalue()
+
+
+_SCALARS = (types.Number, types.Boolean)
+"""What a tuple passed to :func:`borrowed` may hold besides arrays: values numba does not
+reference-count. Anything else (a nested tuple, a string, a list) is refused when the
+kernel compiles: returned as it is, it would be released once more than it was counted."""
 
 
 @intrinsic
 def borrowed(typingctx, x):
-    """In a kernel: ``x``, an array or a tuple of arrays and scalars, as views that numba
-    does not reference-count (its null ``meminfo``, as for a constant array). numba counts
-    a reference to an array each time a call passes it (two atomic operations, ~40 ns each
-    here, where LLVM does not inline the callee); a kernel that passes arrays to a function
-    per row borrows them once at its start. Only a kernel's own arguments: the Python
-    caller holds them until the call returns, while numba may free an array the kernel
-    allocates after its last counted use, under a borrowed view. A borrowed view must not
-    outlive the call (returned, stored)."""
+    """In a kernel: ``x``, an array or a flat tuple of arrays and scalars, as views that
+    numba does not reference-count (a null ``meminfo``, as for a constant array). numba
+    counts a reference to an array each time a call passes it (two atomic operations, ~40
+    ns each here, where LLVM does not inline the callee); a kernel that passes arrays to a
+    function per row borrows them once at its start. Only a kernel's own arguments: the
+    Python caller holds them until the call returns, while numba may free an array the
+    kernel allocates after its last counted use, under a borrowed view. A borrowed view
+    must not outlive the call (returned, stored)."""
     if isinstance(x, types.Array):
         return x(x), lambda context, builder, sig, args: _borrow(context, builder, x, args[0])
-    if not isinstance(x, types.BaseTuple):
+    if not isinstance(x, types.BaseTuple) or not all(
+        isinstance(t, (types.Array, *_SCALARS)) for t in x.types
+    ):
         return None
 
     def codegen(context, builder, sig, args):

@@ -288,7 +288,7 @@ def _propose(token_ids, num_tokens, rows, has_rows, caps, has_caps, keys, vals, 
     a = min(max(c_state[ACTIVE], 0), 1) if has_corpus else 0
     token_ids, keys, vals, nodes, c_tokens, c_keys, c_vals, c_nodes, drafts, probs = borrowed(
         (token_ids, keys, vals, nodes, c_tokens, c_keys, c_vals, c_nodes, drafts, probs)
-    )  # passed per request and per context length: without reference counts
+    )
     for b in range(B):
         r = rows[b] if has_rows else b
         drafts[b, :] = -1
@@ -392,8 +392,7 @@ def frequency_propose_checked(
     token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, *, min_n, max_n,
     num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor, max_spec_offset,
 ):  # fmt: skip
-    """:func:`frequency_propose` after the wrapper's value checks, in the kernel; None if one
-    fails."""
+    """:func:`frequency_propose` after the wrapper's value checks (in the kernel); None: refused."""
     return _run_propose(
         token_ids, num_tokens, req_indices, max_draft_tokens, index, corpus, min_n, max_n,
         num_speculative_tokens, max_model_len, min_token_prob, max_spec_factor,
