@@ -45,7 +45,7 @@ def _median_of(f, n: int, rounds: int = 5) -> float:
 
 def processing(cells: list[str]) -> dict:
     from bench.cases_processing import _fused_case, build
-    from bench.harness import OP
+    from bench.harness import OP, measure
 
     out = {}
     for cell in cells:
@@ -60,12 +60,8 @@ def processing(cells: list[str]) -> dict:
         rounds = {"op": [], "base": []}
         for _ in range(3):
             for name, f in (("op", op), ("base", base)):
-                calls = []
-                for _ in range(n):
-                    start = time.perf_counter()
-                    f()
-                    calls.append(time.perf_counter() - start)
-                rounds[name].append(statistics.median(calls) * 1e6)
+                timing = measure(f, budget_s=0, min_rounds=n, max_rounds=n, warmup=0)
+                rounds[name].append(timing.median)
         out[cell] = {k: statistics.median(v) for k, v in rounds.items()}
     return out
 
