@@ -1,10 +1,11 @@
 """Host-side cells for an old / new comparison of two source trees, one process per tree.
 
 ``python -m bench.ab_host processing CELL ...`` with ``CELL = step,B,V,L``: the cases of
-``bench/cases_processing.py`` (``step`` = ``fused``, ``fused-sampled`` or ``process``),
-every feature on; per cell the median of 3 rounds of (op, baseline), each round the median
-of ``n = 2000 / (B x V / 32000)`` calls (at least 10). The baseline is ``rejection_sample``
-on the raw rows (fused steps) or ``process_logits`` with nothing on (``process``).
+``bench/cases_processing.py`` (``step`` = ``fused``, ``fused-sampled``, ``fused-state`` or
+``process``), every feature on; per cell the median of 3 rounds of (op, baseline), each
+round the median of ``n = 2000 / (B x V / 32000)`` calls (at least 10). The baseline is
+``rejection_sample`` on the raw rows (fused steps) or ``process_logits`` with nothing on
+(``process``).
 ``python -m bench.ab_host kernels``: the ops whose kernels pass arrays on in their loops
 (index builds, a frequency corpus append, proposals, ``top_logprobs``); per cell the median
 of 5 rounds of n calls. One thread; prints one JSON object (cell -> microseconds).

@@ -8,7 +8,9 @@ costs a verify step) and vs the torch processing then ``rejection_sample``.
 ``step=fused`` / ``fused-sampled``: ``rejection_sample(..., processing=...)`` (greedy; or
 temperature 0.8, top-p 0.9) vs ``verify`` (the same sampling on the raw rows), ``two_ops``
 (``process_logits`` then ``rejection_sample``) and ``torch`` (the torch processing then
-``rejection_sample``). ``features=all``:
+``rejection_sample``). ``step=fused-state``: the same greedy verification with the
+parameters kept in a ``ProcessingState`` (``state.batch()``) vs ``verify`` and ``fused``
+(the same parameters as a ``LogitsProcessing``). ``features=all``:
 repetition, frequency and presence penalties, 8 logit-bias entries, an allowed-token mask,
 4 bad words, min_tokens with 2 stop tokens; ``features=neutral``: penalties 1, 0, 0 only.
 Histories are real text (``bench/data.py``), half prompt, half output; ``k = 4``.
@@ -18,12 +20,19 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 
 from bench import data
 from bench.baselines.penalties_torch import process_logits_torch
 from bench.harness import OP, Case
-from specdec_kernels.ops import LogitsProcessing, process_logits, rejection_sample, token_bitmask
+from specdec_kernels.ops import (
+    LogitsProcessing,
+    ProcessingState,
+    process_logits,
+    rejection_sample,
+    token_bitmask,
+)
 
 OP_NAME = "process_logits"
 K = 4
@@ -52,6 +61,11 @@ SPECS += [
     {"B": b, "V": 32000, "L": L, "features": "all", "step": "fused", "rows": "seen"}
     for b, L in ((1, 1024), (8, 1024), (8, 32768))
 ]
+# the same with the parameters kept in a ProcessingState (what a persistent batch passes)
+SPECS += [
+    {"B": b, "V": 32000, "L": L, "features": "all", "step": "fused-state"}
+    for b, L in ((1, 1024), (8, 1024), (64, 1024), (8, 32768))
+]
 QUICK_SPECS = [
     {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
     for f, s in (
@@ -60,6 +74,7 @@ QUICK_SPECS = [
         ("neutral", "process"),
         ("all", "fused"),
         ("all", "fused-sampled"),
+        ("all", "fused-state"),
     )  # fmt: skip
 ]
 QUICK_SPECS += [{"B": 2, "V": 1000, "L": 64, "features": "all", "step": "fused", "rows": "seen"}]
@@ -193,8 +208,10 @@ def _fused_case(spec: dict) -> Case:
     def verify(rows, **more):
         return rejection_sample(rows, drafts, cu, **kw, **more)
 
+    reference = processing  # the parameters the check's two ops take
+
     def two_ops():
-        return verify(process_logits(logits, drafts, cu, **processing._asdict()))
+        return verify(process_logits(logits, drafts, cu, **reference._asdict()))
 
     impls = {
         OP: lambda: verify(logits, processing=processing),
@@ -202,6 +219,14 @@ def _fused_case(spec: dict) -> Case:
         "two_ops": two_ops,
         "torch": lambda: verify(process_logits_torch(logits, **base)),
     }
+    if step == "fused-state":
+        batch = _state_of(op, V).batch()
+        reference = batch.logits_processing(B)  # (a dict's bias: repeated ids summed first)
+        impls = {
+            OP: lambda: verify(logits, processing=batch),
+            "verify": lambda: verify(logits),
+            "fused": lambda: verify(logits, processing=processing),
+        }
 
     def check() -> str:
         got, want = impls[OP](), two_ops()
@@ -211,6 +236,34 @@ def _fused_case(spec: dict) -> Case:
         return f"tokens identical to process_logits + rejection_sample ({mean:.2f} emitted)"
 
     return Case(OP_NAME, dict(spec), impls, check, bytes_moved(B, V, L))
+
+
+def _state_of(op: dict, V: int) -> ProcessingState:
+    """A ``ProcessingState`` over ``op``'s token buffer holding its per-request features
+    (``_inputs``' ``features=all``), request ``b`` in state row ``b``."""
+    kw = op["kw"]
+    state = ProcessingState(
+        op["token_ids"], op["num_tokens"], op["num_prompt_tokens"], vocab_size=V,
+        max_logit_bias=8, max_bad_words=4, max_bad_word_tokens=3, max_stop_tokens=2,
+        allowed_tokens=True,
+    )  # fmt: skip
+    for b in range(op["num_tokens"].shape[0]):
+        words = kw["allowed_token_mask"][b].numpy().view(np.uint8)
+        allowed = np.unpackbits(words, bitorder="little")[:V].nonzero()[0].tolist()
+        bias: dict[int, float] = {}
+        for t, v in zip(kw["logit_bias_ids"][b].tolist(), kw["logit_bias_values"][b].tolist(),
+                        strict=True):  # fmt: skip
+            bias[t] = bias.get(t, 0.0) + v
+        state.set_request(
+            b, repetition_penalty=float(kw["repetition_penalty"][b]),
+            frequency_penalty=float(kw["frequency_penalty"][b]),
+            presence_penalty=float(kw["presence_penalty"][b]), logit_bias=bias,
+            allowed_token_ids=allowed,
+            bad_words=[[t for t in w if t >= 0] for w in kw["bad_word_ids"][b].tolist()],
+            min_tokens=int(kw["min_tokens"][b]),
+            stop_token_ids=kw["stop_token_ids"][b].tolist(),
+        )  # fmt: skip
+    return state
 
 
 def cases(quick: bool = False):

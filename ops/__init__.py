@@ -25,6 +25,7 @@ from specdec_kernels.ops.ngram_index import (
     ngram_index_extend,
 )
 from specdec_kernels.ops.processing import LogitsProcessing, process_logits, token_bitmask
+from specdec_kernels.ops.processing_state import ProcessingState, StateBatch
 from specdec_kernels.ops.rejection import RejectionOutput, rejection_sample, sampling_offsets
 from specdec_kernels.ops.verify_inputs import (
     VerifyInputs,
@@ -43,6 +44,8 @@ __all__ = [
     "FrequencyIndex",
     "FrequencyProposal",
     "LogitsProcessing",
+    "ProcessingState",
+    "StateBatch",
     "NgramProposal",
     "RejectionOutput",
     "TopLogprobs",

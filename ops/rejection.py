@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from specdec_kernels.cpu import rejection as _cpu
-from specdec_kernels.ops._library import call, calls_cpu_directly, define, plain_cpu, refused
+from specdec_kernels.ops._library import call, define
 from specdec_kernels.ops._validation import (
     FLOAT32_MAX,
     INT64_MAX,
@@ -26,6 +26,7 @@ from specdec_kernels.ops._validation import (
     should_check_values,
 )
 from specdec_kernels.ops.processing import LogitsProcessing, prepare, processed_logits
+from specdec_kernels.ops.processing_state import StateBatch, verify_fused_cpu
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SEED_HIGH = 2**62
@@ -160,7 +161,7 @@ def rejection_sample(
     seeds: torch.Tensor | None = None,
     offsets: torch.Tensor | None = None,
     return_logprobs: bool = False,
-    processing: LogitsProcessing | None = None,
+    processing: LogitsProcessing | StateBatch | None = None,
     validate: bool | None = None,
 ) -> RejectionOutput:
     """Verify draft tokens against the target model: keep the longest accepted prefix, then
@@ -215,9 +216,9 @@ def rejection_sample(
         Required with ``seeds``.
     return_logprobs : bool
         Also return the log-probabilities of the emitted tokens.
-    processing : LogitsProcessing, optional
+    processing : LogitsProcessing or StateBatch, optional
         Verify the rows :func:`process_logits` would return, bit for bit, with its checks
-        (on plain CPU tensors in one kernel that processes only the rows it reads).
+        (or a :class:`ProcessingState`'s ``batch()``: its kept parameters, checked when set).
     validate : bool, optional
         Run the value checks (see Raises). Default: only for CPU tensors. Never while
         compiling or capturing a CUDA graph.
@@ -255,13 +256,14 @@ def rejection_sample(
     ([[2, 4, -1]], [2])
     """
     proc_checks = proc = None
-    if processing is not None:  # process_logits' checks first, as if it ran first
-        if not isinstance(processing, LogitsProcessing):
-            raise ValueError(
-                f"processing must be a LogitsProcessing, got {type(processing).__name__}"
-            )
+    if isinstance(processing, LogitsProcessing):  # its checks first, as if it ran first
         proc_checks, proc = prepare(target_logits, draft_token_ids, cu_num_draft_tokens,
                                     *processing, validate=validate)  # fmt: skip
+    elif processing is not None and not isinstance(processing, StateBatch):
+        raise ValueError(
+            "processing must be a LogitsProcessing or a ProcessingState's batch(), got "
+            f"{type(processing).__name__}"
+        )
     target_logits = check_tensor("target_logits", target_logits, dtype=LOGIT_DTYPES, ndim=2)
     device = target_logits.device
     draft_token_ids = check_tensor(
@@ -324,21 +326,19 @@ def rejection_sample(
 
     draft_token_ids, cu = draft_token_ids.contiguous(), cu.contiguous()
     top_k = kernel_top_k(top_k)
-    if proc is not None:
+    if processing is not None:
         kwargs = dict(target_logits=target_logits, draft_token_ids=draft_token_ids,
                       cu_num_draft_tokens=cu, draft_probs=draft_probs, temperature=temperature,
                       top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, offsets=offsets,
                       num_speculative_tokens=k, return_logprobs=return_logprobs)  # fmt: skip
-        extra = {n: proc[n] for n in LogitsProcessing._fields}
-        if calls_cpu_directly(kwargs) and plain_cpu(extra.values()):  # one kernel, fused rows
-            checks = [c for c in (proc_checks, value_checks) if c is not None]  # both or none
-            result = _cpu.rejection_sample_processed(
-                **kwargs, check=bool(checks), processing=extra
-            )  # fmt: skip
-            if result is None:
-                refused("rejection_sample", lambda: [c() for c in checks])
+        result = verify_fused_cpu(kwargs, processing, proc, proc_checks, value_checks)
+        if result is not None:  # one kernel that processes the rows it verifies
             out, num_emitted, logprobs = result
             return RejectionOutput(out, num_emitted, logprobs if return_logprobs else None)
+        if proc is None:  # a ProcessingState's batch, off that route: its parameters gathered
+            gathered = processing.logits_processing(B)
+            proc_checks, proc = prepare(target_logits, draft_token_ids, cu, *gathered,
+                                        validate=validate)  # fmt: skip
         if proc_checks is not None:
             proc_checks()
         target_logits = processed_logits(proc)

@@ -90,7 +90,7 @@ def values_ok(pt, B, V):
         if not (0 <= num_tokens[r] <= L_max and 0 <= num_prompt[r] <= num_tokens[r]):
             return False
     rp, fp, pp, has_pen = pt[5], pt[6], pt[7], pt[8]
-    for b in range(B if has_pen else 0):
+    for b in range(rp.shape[0] if has_pen else 0):  # (B rows, or R kept per state row)
         if not (0 < rp[b] <= FLOAT32_MAX):
             return False
         for v in (fp[b], pp[b]):
@@ -117,7 +117,7 @@ def _process(l32, l16, bf16, drafts, cu, pt, out, counts, uniq, words):
     )  # what the rows' functions are passed, without reference counts
     pt = borrowed(pt)
     for b in range(B):
-        r, L, P, pen, nu = request_start(pt, b, V, counts, uniq, True)
+        r, pr, L, P, pen, nu = request_start(pt, b, V, counts, uniq, True)
         if r < 0:
             continue  # a padding row keeps its logits (copied below)
         lo = cu[b]
@@ -127,7 +127,7 @@ def _process(l32, l16, bf16, drafts, cu, pt, out, counts, uniq, words):
             if g < 0 or g >= n_rows:
                 break
             nu = count_draft(pt, r, L, pen, nu, drafts, lo, j, counts, uniq, V)
-            process_row(l32, l16, bf16, g, pt, b, r, L, P, pen, nu, drafts, lo, j, out[g],
+            process_row(l32, l16, bf16, g, pt, pr, r, L, P, pen, nu, drafts, lo, j, out[g],
                         counts, uniq, words)  # fmt: skip
             copied[g] = True
         request_end(counts, uniq, nu)
@@ -150,33 +150,35 @@ def tensors(
         opt(logit_bias_values, NONE_F32_2D), opt(allowed_token_mask, NONE_I32_2D),
         allowed_token_mask is not None, opt(grammar_mask, NONE_I32_2D), grammar_mask is not None,
         opt(bad_word_ids, NONE_I32_3D), opt(min_tokens, NONE_I32), opt(stop_token_ids, NONE_I32_2D),
-        min_tokens is not None,
+        min_tokens is not None, False,
     )  # fmt: skip
 
 
 TENSORS = (
     "token_ids", "num_tokens", "num_prompt", "req", "has_req", "rp", "fp", "pp", "has_pen",
     "bias_ids", "bias_values", "allowed", "has_allowed", "grammar", "has_grammar", "bad",
-    "min_tok", "stops", "has_min",
+    "min_tok", "stops", "has_min", "by_row",
 )  # fmt: skip
 """The processing inputs as the kernels take them: one tuple (an argument each would make
-every kernel that processes rows list 19), absent tensors as empty placeholders beside
-their ``has_`` flags."""
+every kernel that processes rows list 20), absent tensors as empty placeholders beside
+their ``has_`` flags. ``by_row``: the per-request parameters (penalties to stop tokens)
+are kept per state row (``ops/processing_state.py``'s ``ProcessingState``: ``R`` rows, read
+at ``req_indices[b]``) instead of one per request of the batch."""
 
 NONE_TENSORS = (
     NONE_I32_2D, NONE_I32, NONE_I32, NONE_I32, False, NONE_F32, NONE_F32, NONE_F32, False,
     NONE_I32_2D, NONE_F32_2D, NONE_I32_2D, False, NONE_I32_2D, False, NONE_I32_3D, NONE_I32,
-    NONE_I32_2D, False,
+    NONE_I32_2D, False, False,
 )  # fmt: skip
 """:data:`TENSORS` with nothing on (a kernel's argument where no processing is asked)."""
 
 
-def buffers(V, token_ids, draft_token_ids, pen):
-    """The kernels' working buffers: counts (zeroed, reused), the distinct-token list, one
-    row's mask."""
+def buffers(V, L_max, n_drafts, pen):
+    """The kernels' working buffers: counts (zeroed, reused), the distinct-token list (for
+    ``L_max`` history tokens and ``n_drafts`` drafts), one row's mask."""
     return (
         zeroed_i32(V) if pen else NONE_I32,
-        np.empty(min(V, token_ids.shape[1] + draft_token_ids.shape[0]) + 1, dtype=np.int32),
+        np.empty(min(V, L_max + n_drafts) + 1, dtype=np.int32),
         np.empty((V + 31) // 32, dtype=np.int32),
     )
 
@@ -202,6 +204,6 @@ def process_logits(
     _process(
         l32, l16, target_logits.dtype == torch.bfloat16, np_(draft_token_ids),
         np_(cu_num_draft_tokens), pt, arr,
-        *buffers(V, token_ids, draft_token_ids, repetition_penalty is not None),
+        *buffers(V, token_ids.shape[1], draft_token_ids.shape[0], repetition_penalty is not None),
     )  # fmt: skip
     return out

@@ -147,10 +147,10 @@ def _reject(
         kb = min(max(cu[b + 1] - cu[b], 0), K1 - 1)
         T = temp[b] if has_temp else np.float32(0.0)
         emitted = 0
-        r, L, P, pen, nu = np.int64(-1), np.int64(0), np.int64(0), False, np.int64(0)
+        r, pr, L, P, pen, nu = np.int64(-1), b, np.int64(0), np.int64(0), False, np.int64(0)
         lazy = T == 0.0 and not lp_on  # greedy rows count the history only if they must
         if proc:
-            r, L, P, pen, nu = request_start(pt, b, V, counts, uniq, not lazy)
+            r, pr, L, P, pen, nu = request_start(pt, b, V, counts, uniq, not lazy)
         counted = not lazy
         direct = r >= 0 and lazy
         for j in range(kb + 1):
@@ -163,11 +163,11 @@ def _reject(
                 nu = count_draft(pt, r, L, pen, nu, drafts, cu[b], j, counts, uniq, V)
             if direct:  # greedy: the processed row's argmax, usually without processing it
                 tok, nu, counted = processed_argmax(
-                    l32, l16, l_bf16, g, pt, b, r, L, P, pen, nu, counted, drafts, cu[b], j,
+                    l32, l16, l_bf16, g, pt, pr, r, L, P, pen, nu, counted, drafts, cu[b], j,
                     prow, counts, uniq, words, buf,
                 )  # fmt: skip
             elif r >= 0:  # processed: row g in fp32 in prow[0], then processed there
-                process_row(l32, l16, l_bf16, g, pt, b, r, L, P, pen, nu, drafts, cu[b], j,
+                process_row(l32, l16, l_bf16, g, pt, pr, r, L, P, pen, nu, drafts, cu[b], j,
                             prow[0], counts, uniq, words)  # fmt: skip
                 s32, s_bf16, sg = prow, False, 0
             f = cu[b] + j  # the flat draft index
@@ -257,17 +257,20 @@ def rejection_sample_processed(
     processed into one fp32 scratch row just before it is verified (``cpu/processing.py``'s
     row functions, the same code ``process_logits`` runs), rows it does not reach are never
     processed. ``processing``: ``process_logits``' keyword arguments after the
-    draft tokens, as its wrapper passes them to its op. With ``check``, the rejection
-    checks run in the kernel (None if one fails), as in :func:`rejection_sample_checked`."""
+    draft tokens, as its wrapper passes them to its op, or the kernels' tuple of them
+    (``cpu/processing.py``'s ``TENSORS``, as ``ProcessingState`` makes it). With
+    ``check``, the rejection and processing value checks run in the kernel (None if one
+    fails), as in :func:`rejection_sample_checked`."""
+    pt = processing if isinstance(processing, tuple) else tensors(**processing)
     return _run(
         target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k,
-        top_p, min_p, seeds, offsets, num_speculative_tokens, return_logprobs, check, processing,
+        top_p, min_p, seeds, offsets, num_speculative_tokens, return_logprobs, check, pt,
     )  # fmt: skip
 
 
 def _run(
     target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, temperature, top_k, top_p,
-    min_p, seeds, offsets, num_speculative_tokens, return_logprobs, check, processing=None,
+    min_p, seeds, offsets, num_speculative_tokens, return_logprobs, check, pt=None,
 ):  # fmt: skip
     require_seeds_and_offsets(temperature, seeds, offsets)
     K1 = num_speculative_tokens + 1
@@ -284,14 +287,12 @@ def _run(
     l32, l16 = float_rows(target_logits, N + B)
     q32, q16 = float_rows(draft_probs, N)
     nb = (V + BLOCK - 1) // BLOCK
-    proc = processing is not None
+    proc = pt is not None
     filtered = temperature is not None and (top_k is not None or top_p is not None)
     end = V + BLOCK + (V if proc else 0)
     work = scratch(end + (2 * V if filtered else 0))  # [w | buf | prow | the filters' work]
     if proc:
-        pt = tensors(**processing)
-        bufs = buffers(V, processing["token_ids"], draft_token_ids,
-                       processing["repetition_penalty"] is not None)  # fmt: skip
+        bufs = buffers(V, pt[0].shape[1], draft_token_ids.shape[0], pt[8])
         prow = work[V + BLOCK : 2 * V + BLOCK].reshape(1, V)
     else:
         pt, bufs, prow = NONE_TENSORS, (NONE_I32,) * 3, NONE_F32_2D

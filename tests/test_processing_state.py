@@ -1,0 +1,226 @@
+"""ProcessingState: the per-state-row processing parameters the library keeps. Verification
+with ``state.batch(...)`` equals verification with the same parameters as a
+``LogitsProcessing`` (the gathered one, through the one-kernel CPU route and through the
+two ops), every feature, padding rows, rows out of batch order; ``set_request``'s checks
+and that a refused call writes nothing; the per-call checks. Contract: ``docs/design.md``,
+"``ProcessingState``"."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdec_kernels.ops import (
+    LogitsProcessing,
+    ProcessingState,
+    process_logits,
+    rejection_sample,
+)
+from tests.test_processing import accepted_drafts, random_args, same_result, sampled
+
+I32 = torch.int32
+K = 3
+
+
+def state_of(a: dict, seed: int) -> ProcessingState:
+    """A state over ``a``'s token buffer holding ``a``'s per-request features in the
+    batch's state rows (and other parameters in the rows outside the batch, so that a
+    request read at its batch index instead of its state row would show)."""
+    V = a["target_logits"].shape[1]
+    state = ProcessingState(
+        a["token_ids"], a["num_tokens"], a["num_prompt_tokens"], vocab_size=V,
+        max_logit_bias=3, max_bad_words=4, max_bad_word_tokens=3, max_stop_tokens=2,
+        allowed_tokens=True,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    for r in range(state.num_rows):
+        state.set_request(r, repetition_penalty=0.5, frequency_penalty=2.0, logit_bias={1: 5.0},
+                          allowed_token_ids=[0, 2], min_tokens=100, stop_token_ids=[3])  # fmt: skip
+    for b, r in enumerate(a["req_indices"].tolist()):
+        if r < 0:
+            continue
+        ids, vals = a["logit_bias_ids"][b].tolist(), a["logit_bias_values"][b].tolist()
+        bias = {t: v for t, v in zip(ids, vals, strict=True) if t >= 0}
+        mask = a["allowed_token_mask"][b].numpy().view(np.uint8)
+        allowed = np.unpackbits(mask, bitorder="little")[:V].nonzero()[0].tolist()
+        on = torch.rand(3, generator=g) < 0.8  # some features neutral in some rows
+        state.set_request(
+            r,
+            repetition_penalty=float(a["repetition_penalty"][b]) if on[0] else 1.0,
+            frequency_penalty=float(a["frequency_penalty"][b]) if on[0] else 0.0,
+            presence_penalty=float(a["presence_penalty"][b]) if on[0] else 0.0,
+            logit_bias=bias, allowed_token_ids=allowed if on[1] else None,
+            bad_words=[[t for t in w if t >= 0] for w in a["bad_word_ids"][b].tolist()
+                       if w[0] >= 0],
+            min_tokens=int(a["min_tokens"][b]) if on[2] else 0,
+            stop_token_ids=[t for t in a["stop_token_ids"][b].tolist() if t >= 0],
+        )  # fmt: skip
+    return state
+
+
+@pytest.mark.parametrize("mode", ["greedy", "greedy-logprobs", "sampled", "draft-probs"])
+@pytest.mark.parametrize("accept", [False, True], ids=["random-drafts", "accepted-drafts"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_state_batch_verifies_as_its_logits_processing(seed, dtype, accept, mode):
+    a = random_args(seed, dtype=dtype)
+    if accept:
+        a = accepted_drafts(a, K)
+    state = state_of(a, seed)
+    B = a["cu_num_draft_tokens"].shape[0] - 1
+    kw = dict(num_speculative_tokens=K, return_logprobs=mode != "greedy")
+    if mode in ("sampled", "draft-probs"):
+        kw.update(sampled(B, seed))
+    if mode == "draft-probs":
+        g = torch.Generator().manual_seed(seed)
+        q = torch.rand(a["draft_token_ids"].shape[0], a["target_logits"].shape[1], generator=g)
+        kw["draft_probs"] = q / q.sum(-1, keepdim=True)
+    rows = (a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"])
+    batch = state.batch(a["req_indices"], a["grammar_mask"])
+    got = rejection_sample(*rows, processing=batch, **kw)
+    gathered = batch.logits_processing(B)
+    assert isinstance(gathered, LogitsProcessing)
+    want = rejection_sample(*rows, processing=gathered, **kw)
+    assert same_result(got, want)
+    processed = process_logits(*rows, **gathered._asdict())
+    assert same_result(got, rejection_sample(processed, *rows[1:], **kw))
+    with torch.device("cpu"):  # a torch function mode: the gathered route, through the ops
+        assert same_result(rejection_sample(*rows, processing=batch, **kw), got)
+
+
+def test_the_rows_are_read_at_the_state_row_not_the_batch_index():
+    V = 8
+    tokens = torch.zeros(2, 4, dtype=I32)
+    state = ProcessingState(tokens, i32([1, 1]), i32([1, 1]), vocab_size=V, max_logit_bias=1)
+    state.set_request(1, logit_bias={5: 100.0})  # request 0 of the batch is in state row 1
+    logits = torch.zeros(1, V)
+    out = rejection_sample(logits, i32([]), i32([0, 0]), num_speculative_tokens=0,
+                           processing=state.batch(i32([1])))  # fmt: skip
+    assert out.output_token_ids.tolist() == [[5]]
+    out = rejection_sample(logits, i32([]), i32([0, 0]), num_speculative_tokens=0,
+                           processing=state.batch(i32([0])))  # fmt: skip
+    assert out.output_token_ids.tolist() == [[0]]
+
+
+def test_clear_and_move_request():
+    V = 8
+    tokens = torch.zeros(3, 4, dtype=I32)
+    state = ProcessingState(tokens, i32([1] * 3), i32([1] * 3), vocab_size=V, max_logit_bias=1,
+                            max_stop_tokens=1, allowed_tokens=True)  # fmt: skip
+    state.set_request(0, logit_bias={5: 100.0}, allowed_token_ids=[5, 6], min_tokens=1,
+                      stop_token_ids=[6])  # fmt: skip
+    state.move_request(0, 2)
+    state.clear_request(0)
+    logits = torch.zeros(2, V)
+    out = rejection_sample(logits, i32([]), i32([0, 0, 0]), num_speculative_tokens=0,
+                           processing=state.batch(i32([0, 2])))  # fmt: skip
+    assert out.output_token_ids.tolist() == [[0], [5]]
+
+
+def i32(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=I32)
+
+
+def small_state(**kw) -> ProcessingState:
+    tokens = torch.zeros(2, 4, dtype=I32)
+    args = dict(vocab_size=8, max_logit_bias=2, max_bad_words=1, max_bad_word_tokens=2,
+                max_stop_tokens=1, allowed_tokens=True)  # fmt: skip
+    args.update(kw)
+    return ProcessingState(tokens, i32([1, 1]), i32([0, 0]), **args)
+
+
+SET_ERRORS = [
+    (dict(row=2), "row must lie in"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty must be a finite"),
+    (dict(presence_penalty=1e39), "presence_penalty must be finite in float32"),
+    (dict(logit_bias={8: 1.0}), "logit_bias must hold token ids"),
+    (dict(logit_bias={1: 1.0, 2: 1.0, 3: 1.0}), "more than the state's max_logit_bias = 2"),
+    (dict(logit_bias={1: float("inf")}), r"logit_bias\[1\] must be a finite"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids must not be empty"),
+    (dict(allowed_token_ids=[-1]), "allowed_token_ids must hold token ids"),
+    (dict(bad_words=[[1], [2]]), "more than the state's max_bad_words = 1"),
+    (dict(bad_words=[[1, 2, 3]]), "more than the state's max_bad_word_tokens = 2"),
+    (dict(bad_words=[[]]), "must not hold an empty word"),
+    (dict(min_tokens=-1), "min_tokens must be"),
+    (dict(stop_token_ids=[1, 2]), "more than the state's max_stop_tokens = 1"),
+]
+
+
+@pytest.mark.parametrize("kw,match", SET_ERRORS, ids=[m for _, m in SET_ERRORS])
+def test_set_request_refuses_bad_parameters_and_writes_nothing(kw, match):
+    state = small_state()
+    state.set_request(0, repetition_penalty=1.5, logit_bias={4: 1.0}, bad_words=[[1, 2]],
+                      min_tokens=2, stop_token_ids=[3], allowed_token_ids=[1, 4])  # fmt: skip
+    before = {n: None if x is None else x.copy() for n, x in state._arrays.items()}
+    kw = dict(kw)
+    row = kw.pop("row", 0)
+    with pytest.raises(ValueError, match=match):
+        state.set_request(row, **{"logit_bias": {5: 2.0}, **kw})  # a change refused
+    for n, x in state._arrays.items():
+        assert (x is None and before[n] is None) or np.array_equal(x, before[n]), n
+
+
+def test_features_the_state_was_built_without_are_refused():
+    state = small_state(max_logit_bias=0, max_stop_tokens=0, allowed_tokens=False,
+                        max_bad_words=0)  # fmt: skip
+    for kw, match in [(dict(logit_bias={1: 1.0}), "max_logit_bias = 0"),
+                      (dict(min_tokens=1), "max_stop_tokens >= 1"),
+                      (dict(allowed_token_ids=[1]), "allowed_tokens=True"),
+                      (dict(bad_words=[[1]]), "max_bad_words = 0")]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            state.set_request(0, **kw)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [(dict(vocab_size=0), "vocab_size"), (dict(max_logit_bias=-1), "max_logit_bias"),
+     (dict(max_bad_words=1, max_bad_word_tokens=5), "max_bad_word_tokens must lie in"),
+     (dict(max_bad_words=1, max_bad_word_tokens=0), "max_bad_word_tokens must lie in"),
+     (dict(allowed_tokens=1), "allowed_tokens must be a bool")],
+)  # fmt: skip
+def test_construction_refuses_bad_capacities(kw, match):
+    with pytest.raises(ValueError, match=match):
+        small_state(**kw)
+
+
+def test_each_call_checks_what_changes_per_step():
+    state = small_state()
+    one = (torch.zeros(1, 8), i32([]), i32([0, 0]))
+    with pytest.raises(ValueError, match="the state's vocabulary V = 8"):
+        rejection_sample(torch.zeros(1, 9), *one[1:], num_speculative_tokens=0,
+                         processing=state.batch())  # fmt: skip
+    with pytest.raises(ValueError, match="req_indices"):
+        rejection_sample(*one, num_speculative_tokens=0, processing=state.batch(i32([0, 1])))
+    with pytest.raises(ValueError, match="grammar_mask must be"):
+        rejection_sample(*one, num_speculative_tokens=0,
+                         processing=state.batch(grammar_mask=i32([[1, 1]])))  # fmt: skip
+    with pytest.raises(ValueError, match="req_indices must lie in"):  # the kernel's value check
+        rejection_sample(*one, num_speculative_tokens=0, processing=state.batch(i32([2])))
+    state._buffer[1][0] = 9  # num_tokens past L_max = 4: the same error as LogitsProcessing
+    with pytest.raises(ValueError, match="num_tokens"):
+        rejection_sample(*one, num_speculative_tokens=0, processing=state.batch())
+    state._buffer[1][0] = 1
+    state._buffer[0].set_(torch.zeros(3, 4, dtype=I32))  # (resize_: refused, numpy views)
+    with pytest.raises(ValueError, match="token_ids changed shape"):
+        rejection_sample(*one, num_speculative_tokens=0, processing=state.batch())
+
+
+def test_the_state_owns_arrays_nobody_can_resize():
+    state = small_state()
+    with pytest.raises(RuntimeError):
+        state._tensors["repetition_penalty"].resize_(100)
+
+
+def test_the_class_example_runs():
+    import doctest
+
+    globs = {"torch": torch, "ProcessingState": ProcessingState}
+    tests = doctest.DocTestFinder(recurse=False).find(ProcessingState, "ProcessingState",
+                                                      globs=globs)  # fmt: skip
+    assert tests and tests[0].examples
+    runner = doctest.DocTestRunner()
+    for t in tests:
+        runner.run(t)
+    assert runner.failures == 0
