@@ -250,9 +250,9 @@ def run(argv: list[str] | None = None) -> int:
             ("h", "(h) engine, n-gram speculation + shared corpus", args.k, 1, params, None)
         )
     hf = None
-    from examples.engine.processing import ProcessingState
+    from examples.engine.processing import Processing
 
-    if ProcessingState.uses_any(params) and not args.skip_hf:
+    if Processing.uses_any(params) and not args.skip_hf:
         print("run (c) skipped: transformers' generate gets none of the processing flags")
     elif not args.skip_hf:
         from examples.engine.model import load_hf_model

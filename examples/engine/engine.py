@@ -27,7 +27,7 @@ from examples.engine.kv_cache import PagedKVCache
 from examples.engine.llama import Llama
 from examples.engine.logprobs import LogprobsBuffer, as_lists
 from examples.engine.policy import DRAFT_POLICIES, DraftPolicy, drafting_error
-from examples.engine.processing import ProcessingState
+from examples.engine.processing import Processing
 from examples.engine.stats import Completion, RunStats
 from examples.engine.step import decode_step
 from specdec_kernels.ops import (
@@ -173,7 +173,7 @@ class Engine:
             verify_cost=verify_cost,
         )  # fmt: skip
         # Shared corpus: an own-history index replaces the per-step rescan.
-        self.processing: ProcessingState | None = None  # sized by each generate call
+        self.processing: Processing | None = None  # sized by each generate call
         self.logprobs: LogprobsBuffer | None = None  # likewise, when a request asks for them
         self.index = self.corpus = None
         nk = dict(min_n=min_n, max_n=max_n, scoring=scoring, device=dev)
@@ -273,7 +273,7 @@ class Engine:
             self.top_p[r] = sp.top_p
             self.seeds[r] = sp.seed
             if self.processing is not None:
-                self.processing.admit(r, sp, self.model.cfg.vocab_size)
+                self.processing.admit(r, sp)
             self.policy.admit(r)
             new.append(_Running(index=i, row=r, prompt_len=n, num_tokens=n, blocks=[]))
         if not new:
@@ -337,7 +337,7 @@ class Engine:
         sampled = any(sp.temperature > 0 for sp in params)
         use_top_p = any(sp.top_p < 1 for sp in params)
         V = self.model.cfg.vocab_size
-        self.processing = ProcessingState.for_run(params, self.R, V, self.device)
+        self.processing = Processing.for_run(params, self, V)
         N = max((sp.logprobs for sp in params if sp.logprobs is not None), default=None)
         self.logprobs = (
             None

@@ -1,7 +1,8 @@
-"""The example engine's logits processing state: per state row, what ``process_logits``
-takes (penalties, logit bias, allowed tokens, bad words, min_tokens), sized for one
-``generate`` call from its requests' parameters. ``None`` when no request uses any of them:
-the step then skips the op.
+"""The example engine's logits processing: the library's ``ProcessingState`` (penalties,
+logit bias, allowed tokens, bad words, min_tokens per state row, bound to the engine's
+token buffer) sized for one ``generate`` call from its requests' parameters, and the
+``min_tokens`` per row that ``commit_accepted_tokens`` reads. ``None`` when no request uses
+any of them: the step then passes no processing.
 """
 
 from __future__ import annotations
@@ -10,19 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_kernels.ops import token_bitmask
+from specdec_kernels.ops import ProcessingState
 
 
 @dataclass
-class ProcessingState:
-    repetition_penalty: torch.Tensor  # float32 [R]
-    frequency_penalty: torch.Tensor  # float32 [R]
-    presence_penalty: torch.Tensor  # float32 [R]
-    logit_bias_ids: torch.Tensor | None  # int32 [R, M], -1 padded
-    logit_bias_values: torch.Tensor | None  # float32 [R, M]
-    allowed_token_mask: torch.Tensor | None  # int32 [R, ceil(V / 32)]
-    bad_word_ids: torch.Tensor | None  # int32 [R, S, W], -1 padded
-    min_tokens: torch.Tensor | None  # int32 [R]
+class Processing:
+    state: ProcessingState
+    min_tokens: torch.Tensor | None  # int32 [R], for commit_accepted_tokens
+    stop_token_ids: list[int]  # banned while a request's output is below its min_tokens
 
     @staticmethod
     def uses_any(params) -> bool:
@@ -38,72 +34,36 @@ class ProcessingState:
         )
 
     @classmethod
-    def for_run(cls, params, R: int, V: int, device) -> ProcessingState | None:
-        """Zeroed state rows sized for ``params`` (a row is filled at admission)."""
+    def for_run(cls, params, eng, V: int) -> Processing | None:
+        """A state over ``eng``'s token buffer with room for ``params`` (a row is set at
+        admission)."""
         if not cls.uses_any(params):
             return None
-        f32 = dict(dtype=torch.float32, device=device)
-        i32 = dict(dtype=torch.int32, device=device)
-        M = max((len(sp.logit_bias or {}) for sp in params), default=0)
-        S = max((len(sp.bad_words) for sp in params), default=0)
-        Lw = max((len(w) for sp in params for w in sp.bad_words), default=0)
-        return cls(
-            repetition_penalty=torch.ones(R, **f32),
-            frequency_penalty=torch.zeros(R, **f32),
-            presence_penalty=torch.zeros(R, **f32),
-            logit_bias_ids=torch.full((R, M), -1, **i32) if M else None,
-            logit_bias_values=torch.zeros((R, M), **f32) if M else None,
-            allowed_token_mask=(
-                torch.full((R, (V + 31) // 32), -1, **i32)
-                if any(sp.allowed_token_ids is not None for sp in params)
-                else None
-            ),
-            bad_word_ids=torch.full((R, S, Lw), -1, **i32) if S else None,
-            min_tokens=torch.zeros(R, **i32) if any(sp.min_tokens for sp in params) else None,
-        )
+        stops = [t for t in eng.stop_token_ids[0].tolist() if t >= 0]
+        min_tokens = any(sp.min_tokens for sp in params)
+        state = ProcessingState(
+            eng.token_ids, eng.num_tokens, eng.num_prompt_tokens, vocab_size=V,
+            max_logit_bias=max((len(sp.logit_bias or {}) for sp in params), default=0),
+            max_bad_words=max((len(sp.bad_words) for sp in params), default=0),
+            max_bad_word_tokens=max((len(w) for sp in params for w in sp.bad_words), default=0),
+            max_stop_tokens=max(len(stops), 1) if min_tokens else 0,
+            allowed_tokens=any(sp.allowed_token_ids is not None for sp in params),
+        )  # fmt: skip
+        R, dev = eng.num_tokens.shape[0], eng.num_tokens.device
+        counts = torch.zeros(R, dtype=torch.int32, device=dev) if min_tokens else None
+        return cls(state, counts, stops)
 
-    def admit(self, r: int, sp, V: int) -> None:
+    def admit(self, r: int, sp) -> None:
         """State row ``r`` takes request parameters ``sp``."""
-        self.repetition_penalty[r] = sp.repetition_penalty
-        self.frequency_penalty[r] = sp.frequency_penalty
-        self.presence_penalty[r] = sp.presence_penalty
-        if self.logit_bias_ids is not None:
-            self.logit_bias_ids[r] = -1
-            self.logit_bias_values[r] = 0.0
-            for m, (t, v) in enumerate(sorted((sp.logit_bias or {}).items())):
-                self.logit_bias_ids[r, m], self.logit_bias_values[r, m] = t, v
-        if self.allowed_token_mask is not None:
-            allowed = torch.ones(V, dtype=torch.bool)
-            if sp.allowed_token_ids is not None:
-                allowed.zero_()
-                allowed[sp.allowed_token_ids] = True
-            self.allowed_token_mask[r] = token_bitmask(allowed)
-        if self.bad_word_ids is not None:
-            self.bad_word_ids[r] = -1
-            for s, w in enumerate(sp.bad_words):
-                self.bad_word_ids[r, s, : len(w)] = torch.tensor(w, dtype=torch.int32)
+        self.state.set_request(
+            r, repetition_penalty=sp.repetition_penalty, frequency_penalty=sp.frequency_penalty,
+            presence_penalty=sp.presence_penalty, logit_bias=sp.logit_bias,
+            allowed_token_ids=sp.allowed_token_ids, bad_words=sp.bad_words,
+            min_tokens=sp.min_tokens, stop_token_ids=self.stop_token_ids if sp.min_tokens else (),
+        )  # fmt: skip
         if self.min_tokens is not None:
             self.min_tokens[r] = sp.min_tokens
 
     def min_tokens_of(self, r: torch.Tensor) -> torch.Tensor | None:
         """``commit_accepted_tokens``' ``min_tokens`` (a stop token ends no request before)."""
         return None if self.min_tokens is None else self.min_tokens[r]
-
-    def kwargs(self, r: torch.Tensor, stop_token_ids: torch.Tensor) -> dict:
-        """``process_logits``' keyword arguments for the batch's state rows ``r``."""
-        kw = dict(
-            repetition_penalty=self.repetition_penalty[r],
-            frequency_penalty=self.frequency_penalty[r],
-            presence_penalty=self.presence_penalty[r],
-        )
-        if self.logit_bias_ids is not None:
-            kw.update(
-                logit_bias_ids=self.logit_bias_ids[r], logit_bias_values=self.logit_bias_values[r]
-            )
-        if self.allowed_token_mask is not None:
-            kw["allowed_token_mask"] = self.allowed_token_mask[r]
-        if self.bad_word_ids is not None:
-            kw["bad_word_ids"] = self.bad_word_ids[r]
-        if self.min_tokens is not None:
-            kw.update(min_tokens=self.min_tokens[r], stop_token_ids=stop_token_ids[r])
-        return kw

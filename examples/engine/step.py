@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from specdec_kernels.ops import (
-    LogitsProcessing,
     commit_accepted_tokens,
     corpus_append,
     ngram_index_extend,
@@ -76,12 +75,10 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
     drafts = vi.flat_draft_token_ids[: n_query - B]
     processing = None
     if eng.processing is not None:
-        # Penalties, logit bias, allowed tokens, bad words, min_tokens: each row as plain
-        # decoding processes its position (the drafts before it count as output).
-        processing = LogitsProcessing(
-            eng.token_ids, eng.num_tokens, eng.num_prompt_tokens, req_indices,
-            **eng.processing.kwargs(r, eng.stop_token_ids),
-        )  # fmt: skip
+        # Penalties, logit bias, allowed tokens, bad words, min_tokens (kept per state row,
+        # set at admission): each row as plain decoding processes its position (the drafts
+        # before it count as output).
+        processing = eng.processing.state.batch(req_indices)
 
     # Verification of the processed rows: a draft is kept iff it is the token the plain
     # sampler emits at its row (coupled verification), then one bonus or recovered token
@@ -103,7 +100,7 @@ def decode_step(eng, rows: list[int], max_len: int, *, sampled: bool, use_top_p:
     if eng.logprobs is not None and eng.logprobs.processed and processing is not None:
         # the processed rows, before the commit moves the histories they count
         logprob_rows = process_logits(logits, drafts, vi.cu_num_draft_tokens,
-                                      **processing._asdict())  # fmt: skip
+                                      **processing.logits_processing(B)._asdict())  # fmt: skip
 
     # Commit the emitted tokens to the persistent state; stop tokens and budgets end
     # requests (the stop token is committed).
