@@ -42,7 +42,7 @@ def state_of(a: dict, seed: int) -> ProcessingState:
             continue
         ids, vals = a["logit_bias_ids"][b].tolist(), a["logit_bias_values"][b].tolist()
         bias = {t: v for t, v in zip(ids, vals, strict=True) if t >= 0}
-        mask = a["allowed_token_mask"][b].numpy().view(np.uint8)
+        mask = a["allowed_token_mask"][b].cpu().numpy().view(np.uint8)
         allowed = np.unpackbits(mask, bitorder="little")[:V].nonzero()[0].tolist()
         on = torch.rand(3, generator=g) < 0.8  # some features neutral in some rows
         state.set_request(
@@ -224,3 +224,22 @@ def test_the_class_example_runs():
     for t in tests:
         runner.run(t)
     assert runner.failures == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(2))
+def test_a_cuda_state_verifies_as_the_cpu_state(seed):
+    a = random_args(seed)
+    cpu = state_of(a, seed)
+    on = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in a.items()}
+    gpu = state_of(on, seed)
+    rows = (a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"])
+    want = rejection_sample(*rows, num_speculative_tokens=K, return_logprobs=True,
+                            processing=cpu.batch(a["req_indices"], a["grammar_mask"]))  # fmt: skip
+    got = rejection_sample(*(on[n] for n in ("target_logits", "draft_token_ids",
+                                             "cu_num_draft_tokens")),
+                           num_speculative_tokens=K, return_logprobs=True,
+                           processing=gpu.batch(on["req_indices"], on["grammar_mask"]))  # fmt: skip
+    assert torch.equal(got.output_token_ids.cpu(), want.output_token_ids)
+    assert torch.equal(got.num_emitted.cpu(), want.num_emitted)
+    torch.testing.assert_close(got.logprobs.cpu(), want.logprobs, rtol=1e-5, atol=1e-6)
