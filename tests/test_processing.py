@@ -593,6 +593,19 @@ def sampled(B: int, seed: int) -> dict:
                 offsets=torch.randint(0, 100, (B,), generator=g))  # fmt: skip
 
 
+def verify_kwargs(a: dict, mode: str, seed: int, k: int) -> dict:
+    """``rejection_sample``'s keyword arguments for ``a`` in ``mode`` (``greedy``,
+    ``greedy-logprobs``, ``sampled`` or ``draft-probs``)."""
+    kw = dict(num_speculative_tokens=k, return_logprobs=mode != "greedy")
+    if mode in ("sampled", "draft-probs"):
+        kw.update(sampled(a["cu_num_draft_tokens"].shape[0] - 1, seed))
+    if mode == "draft-probs":
+        g = torch.Generator().manual_seed(seed)
+        q = torch.rand(a["draft_token_ids"].shape[0], a["target_logits"].shape[1], generator=g)
+        kw["draft_probs"] = q / q.sum(-1, keepdim=True)
+    return kw
+
+
 @pytest.mark.parametrize("mode", ["greedy", "greedy-logprobs", "sampled", "draft-probs"])
 @pytest.mark.parametrize("accept", [False, True], ids=["random-drafts", "accepted-drafts"])
 @pytest.mark.parametrize(
@@ -605,15 +618,7 @@ def test_verification_with_processing_equals_verifying_the_processed_rows(
     a = random_args(seed, dtype=dtype, transposed=transposed)
     if accept:
         a = accepted_drafts(a, 3)
-    B = a["cu_num_draft_tokens"].shape[0] - 1
-    kw = dict(num_speculative_tokens=3, return_logprobs=mode != "greedy")
-    if mode in ("sampled", "draft-probs"):
-        kw.update(sampled(B, seed))
-    if mode == "draft-probs":
-        g = torch.Generator().manual_seed(seed)
-        q = torch.rand(a["draft_token_ids"].shape[0], a["target_logits"].shape[1], generator=g)
-        kw["draft_probs"] = q / q.sum(-1, keepdim=True)
-    fused, two = verify_both(a, **kw)
+    fused, two = verify_both(a, **verify_kwargs(a, mode, seed, 3))
     assert same_result(fused, two)
     if accept and mode == "greedy":  # the drafts are the processed argmax: all accepted
         counts = a["cu_num_draft_tokens"].diff()

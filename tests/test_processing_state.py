@@ -17,7 +17,7 @@ from specdec_kernels.ops import (
     process_logits,
     rejection_sample,
 )
-from tests.test_processing import accepted_drafts, random_args, same_result, sampled
+from tests.test_processing import accepted_drafts, random_args, same_result, verify_kwargs
 
 I32 = torch.int32
 K = 3
@@ -69,13 +69,7 @@ def test_a_state_batch_verifies_as_its_logits_processing(seed, dtype, accept, mo
         a = accepted_drafts(a, K)
     state = state_of(a, seed)
     B = a["cu_num_draft_tokens"].shape[0] - 1
-    kw = dict(num_speculative_tokens=K, return_logprobs=mode != "greedy")
-    if mode in ("sampled", "draft-probs"):
-        kw.update(sampled(B, seed))
-    if mode == "draft-probs":
-        g = torch.Generator().manual_seed(seed)
-        q = torch.rand(a["draft_token_ids"].shape[0], a["target_logits"].shape[1], generator=g)
-        kw["draft_probs"] = q / q.sum(-1, keepdim=True)
+    kw = verify_kwargs(a, mode, seed, K)
     rows = (a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"])
     batch = state.batch(a["req_indices"], a["grammar_mask"])
     got = rejection_sample(*rows, processing=batch, **kw)
