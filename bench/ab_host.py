@@ -1,6 +1,6 @@
 """Host-side cells for an old / new comparison of two source trees, one process per tree.
 
-``python -m bench.ab_host processing CELL ...`` with ``CELL = step,B,V,L``: the cases of
+``python -m bench.ab_host processing CELL ...`` with ``CELL = step,B,V,L[,R]``: the cases of
 ``bench/cases_processing.py`` (``step`` = ``fused``, ``fused-sampled``, ``fused-state`` or
 ``process``), every feature on; per cell the median of 3 rounds of (op, baseline), each
 round the median of ``n = 2000 / (B x V / 32000)`` calls (at least 10). The baseline is
@@ -50,8 +50,9 @@ def processing(cells: list[str]) -> dict:
 
     out = {}
     for cell in cells:
-        step, B, V, L = cell.split(",")
+        step, B, V, L, *R = cell.split(",")  # (fused-state: a fifth field, R)
         spec = {"B": int(B), "V": int(V), "L": int(L), "features": "all", "step": step}
+        spec.update({"R": int(R[0])} if R else {})
         case = build(spec) if step == "process" else _fused_case(spec)
         op, base = case.impls[OP], case.impls["bare" if step == "process" else "verify"]
         n = max(10, int(2000 / (spec["B"] * spec["V"] / 32000)))

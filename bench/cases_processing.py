@@ -9,8 +9,9 @@ costs a verify step) and vs the torch processing then ``rejection_sample``.
 temperature 0.8, top-p 0.9) vs ``verify`` (the same sampling on the raw rows), ``two_ops``
 (``process_logits`` then ``rejection_sample``) and ``torch`` (the torch processing then
 ``rejection_sample``). ``step=fused-state``: the same greedy verification with the
-parameters kept in a ``ProcessingState`` (``state.batch()``) vs ``verify`` and ``fused``
-(the same parameters as a ``LogitsProcessing``). ``features=all``:
+parameters kept in a ``ProcessingState`` of ``R`` rows (default ``B``; ``state.batch()``)
+vs ``verify`` and ``fused`` (the same parameters as a ``LogitsProcessing``).
+``features=all``:
 repetition, frequency and presence penalties, 8 logit-bias entries, an allowed-token mask,
 4 bad words, min_tokens with 2 stop tokens; ``features=neutral``: penalties 1, 0, 0 only.
 Histories are real text (``bench/data.py``), half prompt, half output; ``k = 4``.
@@ -29,6 +30,7 @@ from bench.harness import OP, Case
 from specdec_kernels.ops import (
     LogitsProcessing,
     ProcessingState,
+    StateBatch,
     process_logits,
     rejection_sample,
     token_bitmask,
@@ -65,6 +67,11 @@ SPECS += [
 SPECS += [
     {"B": b, "V": 32000, "L": L, "features": "all", "step": "fused-state"}
     for b, L in ((1, 1024), (8, 1024), (64, 1024), (8, 32768))
+]
+# a state of 1024 rows (a persistent batch's capacity), the batch spread over it
+SPECS += [
+    {"B": b, "V": 32000, "L": 1024, "features": "all", "step": "fused-state", "R": 1024}
+    for b in (1, 8)
 ]
 QUICK_SPECS = [
     {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
@@ -220,7 +227,7 @@ def _fused_case(spec: dict) -> Case:
         "torch": lambda: verify(process_logits_torch(logits, **base)),
     }
     if step == "fused-state":
-        batch = _state_of(op, V).batch()
+        batch = _state_of(op, V, spec.get("R", B))
         reference = batch.logits_processing(B)  # (a dict's bias: repeated ids summed first)
         impls = {
             OP: lambda: verify(logits, processing=batch),
@@ -238,12 +245,20 @@ def _fused_case(spec: dict) -> Case:
     return Case(OP_NAME, dict(spec), impls, check, bytes_moved(B, V, L))
 
 
-def _state_of(op: dict, V: int) -> ProcessingState:
-    """A ``ProcessingState`` over ``op``'s token buffer holding its per-request features
-    (``_inputs``' ``features=all``), request ``b`` in state row ``b``."""
+def _state_of(op: dict, V: int, R: int) -> StateBatch:
+    """The ``batch()`` of a ``ProcessingState`` of ``R >= B`` rows holding ``op``'s
+    requests and their per-request features (``_inputs``' ``features=all``), request ``b``
+    in state row ``b * (R // B)`` (neutral rows between them)."""
     kw = op["kw"]
+    B, L = op["token_ids"].shape
+    rows = torch.arange(B, dtype=torch.int32) * (R // B)
+    buffer = [torch.zeros((R, L), dtype=torch.int32), torch.zeros(R, dtype=torch.int32),
+              torch.zeros(R, dtype=torch.int32)]  # fmt: skip
+    for t, given in zip(buffer, (op["token_ids"], op["num_tokens"], op["num_prompt_tokens"]),
+                        strict=True):  # fmt: skip
+        t[rows.long()] = given
     state = ProcessingState(
-        op["token_ids"], op["num_tokens"], op["num_prompt_tokens"], vocab_size=V,
+        *buffer, vocab_size=V,
         max_logit_bias=8, max_bad_words=4, max_bad_word_tokens=3, max_stop_tokens=2,
         allowed_tokens=True,
     )  # fmt: skip
@@ -255,7 +270,7 @@ def _state_of(op: dict, V: int) -> ProcessingState:
                         strict=True):  # fmt: skip
             bias[t] = bias.get(t, 0.0) + v
         state.set_request(
-            b, repetition_penalty=float(kw["repetition_penalty"][b]),
+            int(rows[b]), repetition_penalty=float(kw["repetition_penalty"][b]),
             frequency_penalty=float(kw["frequency_penalty"][b]),
             presence_penalty=float(kw["presence_penalty"][b]), logit_bias=bias,
             allowed_token_ids=allowed,
@@ -263,7 +278,7 @@ def _state_of(op: dict, V: int) -> ProcessingState:
             min_tokens=int(kw["min_tokens"][b]),
             stop_token_ids=kw["stop_token_ids"][b].tolist(),
         )  # fmt: skip
-    return state
+    return state.batch(None if R == B else rows)
 
 
 def cases(quick: bool = False):

@@ -4,15 +4,15 @@ requests in the same state rows (a persistent batch, as vLLM keeps it). Contract
 ``docs/design.md``, "``ProcessingState``".
 
 A :class:`LogitsProcessing` is built, checked and converted each call: for plain CPU
-tensors that is ~16 us of a call whose verification costs ~15 us at B = 1. The state's
-parameters are checked when a request is set and held in arrays the library owns (not
-resizable by anyone else), so a verify call checks and converts only what changes per
+tensors that is ~16 us of a call whose plain verification costs ~20 us at B = 1. The
+state's parameters are checked when a request is set and held in arrays the library owns
+(not resizable by anyone else), so a verify call checks and converts only what changes per
 step: the token buffer's views, ``req_indices`` and the grammar mask.
 """
 
 from __future__ import annotations
 
-import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -28,10 +28,12 @@ from specdec_kernels.ops._validation import (
     check_int,
     check_req_indices,
     check_shape,
+    check_state_tensor,
     check_tensor,
-    check_token_state,
 )
 from specdec_kernels.ops.processing import LogitsProcessing
+
+_INT32_MAX = 2**31 - 1
 
 
 class StateBatch(NamedTuple):
@@ -47,6 +49,14 @@ class StateBatch(NamedTuple):
         (the parameters gathered into batch order on the state's device, no host sync), for
         :func:`process_logits` and the routes other than the fused CPU kernel."""
         return self.state._gathered(B, self.req_indices, self.grammar_mask)
+
+    def checked(self, B: int, n_drafts: int, V: int) -> StateBatch:
+        """This batch after the per-call checks for ``B`` requests, ``n_drafts`` drafts and
+        logits of width ``V`` (``rejection_sample`` runs them first, on every route):
+        ``req_indices`` and ``grammar_mask`` made contiguous. Raises ``ValueError``."""
+        req = self.state._check_call(B, n_drafts, V, self.req_indices, self.grammar_mask)
+        grammar = None if self.grammar_mask is None else self.grammar_mask.contiguous()
+        return StateBatch(self.state, req, grammar)
 
 
 class ProcessingState:
@@ -70,8 +80,9 @@ class ProcessingState:
     Raises
     ------
     ValueError
-        A token buffer :func:`process_logits` would refuse, a capacity not an int ``>= 0``,
-        ``vocab_size < 1``, ``max_bad_word_tokens`` above ``L_max`` or 0 with bad words.
+        A token buffer :func:`process_logits` would refuse, or not contiguous, or of no
+        rows; a capacity not an int ``>= 0``; ``vocab_size`` outside ``[1, 2**31)``;
+        ``max_bad_word_tokens`` above ``L_max`` or 0 with bad words.
 
     Examples
     --------
@@ -93,14 +104,15 @@ class ProcessingState:
         max_logit_bias: int = 0, max_bad_words: int = 0, max_bad_word_tokens: int = 0,
         max_stop_tokens: int = 0, allowed_tokens: bool = False,
     ) -> None:  # fmt: skip
-        token_ids, num_tokens = check_token_state(token_ids, num_tokens)
+        token_ids = check_state_tensor("token_ids", token_ids, dtype=torch.int32, ndim=2,
+                                       device=getattr(token_ids, "device", None))  # fmt: skip
         R, L_max = token_ids.shape
-        num_prompt_tokens = check_tensor(
-            "num_prompt_tokens", num_prompt_tokens, dtype=torch.int32, ndim=1,
-            device=token_ids.device,
-        )  # fmt: skip
-        check_shape("num_prompt_tokens", num_prompt_tokens, (R,), "one entry per row of token_ids")
-        V = check_int("vocab_size", vocab_size, min_value=1)
+        if R < 1:
+            raise ValueError("token_ids must have at least one row")
+        for name, t in (("num_tokens", num_tokens), ("num_prompt_tokens", num_prompt_tokens)):
+            t = check_state_tensor(name, t, dtype=torch.int32, ndim=1, device=token_ids.device)
+            check_shape(name, t, (R,), "one entry per row of token_ids")
+        V = check_int("vocab_size", vocab_size, min_value=1, max_value=_INT32_MAX)
         M = check_int("max_logit_bias", max_logit_bias, min_value=0)
         S = check_int("max_bad_words", max_bad_words, min_value=0)
         Wb = check_int("max_bad_word_tokens", max_bad_word_tokens, min_value=0)
@@ -177,9 +189,11 @@ class ProcessingState:
             raise ValueError(f"row must lie in [0, R = {R}), got {row}")
         rp = _finite("repetition_penalty", repetition_penalty)
         if not rp > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {rp}")
+            raise ValueError(f"repetition_penalty must be > 0 in float32 (1 = off), got {rp}")
         fp = _finite("frequency_penalty", frequency_penalty)
         pp = _finite("presence_penalty", presence_penalty)
+        if logit_bias is not None and not isinstance(logit_bias, Mapping):
+            raise ValueError(f"logit_bias must be a mapping, got {type(logit_bias).__name__}")
         bias = dict(logit_bias or {})
         _capacity("logit_bias", len(bias), a["logit_bias_ids"], 1, "max_logit_bias")
         bias_ids = _ids("logit_bias", list(bias), V)
@@ -190,17 +204,18 @@ class ProcessingState:
             allowed = _ids("allowed_token_ids", allowed_token_ids, V)
             if not allowed:
                 raise ValueError("allowed_token_ids must not be empty (None: every token)")
-        words = [_ids("bad_words", w, V) for w in bad_words]
+        words = [_ids("bad_words", w, V) for w in _listed("bad_words", bad_words)]
         _capacity("bad_words", len(words), a["bad_word_ids"], 1, "max_bad_words")
         for w in words:
             if not w:
                 raise ValueError("bad_words must not hold an empty word")
             _capacity("a bad word", len(w), a["bad_word_ids"], 2, "max_bad_word_tokens")
-        min_tokens = check_int("min_tokens", min_tokens, min_value=0)
+        min_tokens = check_int("min_tokens", min_tokens, min_value=0, max_value=_INT32_MAX)
         stops = _ids("stop_token_ids", stop_token_ids, V)
-        _capacity("stop_token_ids", len(stops), a["stop_token_ids"], 1, "max_stop_tokens")
         if min_tokens and a["min_tokens"] is None:
             raise ValueError("min_tokens needs a state built with max_stop_tokens >= 1")
+        if a["min_tokens"] is not None:  # (without min_tokens the stop tokens do nothing)
+            _capacity("stop_token_ids", len(stops), a["stop_token_ids"], 1, "max_stop_tokens")
 
         # checked: write the row (numpy: no torch op per entry)
         a["repetition_penalty"][row], a["frequency_penalty"][row] = rp, fp
@@ -234,7 +249,8 @@ class ProcessingState:
 
     def move_request(self, src: int, dst: int) -> None:
         """Copy state row ``src``'s parameters to row ``dst`` (a persistent batch that
-        moves a request to condense its rows moves its parameters with it)."""
+        moves a request to condense its rows moves its parameters with it). Raises
+        ``ValueError`` for a row outside ``[0, R)``."""
         for name, row in (("src", src), ("dst", dst)):
             check_int(name, row, min_value=0)
             if row >= self.num_rows:
@@ -270,18 +286,17 @@ class ProcessingState:
                 )
         return self._buffer
 
-    def kernel_tuple(self, B: int, n_drafts: int, V: int, req_indices, grammar_mask) -> tuple:
+    def _kernel_tuple(self, req_indices, grammar_mask) -> tuple:
         """The CPU kernels' processing tuple (``cpu/processing.py``'s ``TENSORS``) for a
-        call with ``B`` requests, ``n_drafts`` drafts and logits of width ``V``, after the
-        per-call structural checks (values: in the kernel)."""
-        self._check_call(B, n_drafts, V, req_indices, grammar_mask)
+        call checked by :meth:`StateBatch.checked` (values: in the kernel)."""
         token_ids, num_tokens, num_prompt = self._buffer
         return (np_(token_ids), np_(num_tokens), np_(num_prompt),
                 NONE_I32 if req_indices is None else np_(req_indices), req_indices is not None,
                 *self._head, NONE_I32_2D if grammar_mask is None else np_(grammar_mask),
                 grammar_mask is not None, *self._tail)  # fmt: skip
 
-    def _check_call(self, B, n_drafts, V, req_indices, grammar_mask) -> None:
+    def _check_call(self, B, n_drafts, V, req_indices, grammar_mask):
+        """:meth:`StateBatch.checked`'s checks; returns ``req_indices`` contiguous."""
         token_ids = self._buffer_checked()[0]
         device = self.device
         if V != self.vocab_size:
@@ -290,17 +305,16 @@ class ProcessingState:
             )
         check_req_indices(req_indices, "len(cu_num_draft_tokens) - 1", B, token_ids.shape[0],
                           device)  # fmt: skip
-        if req_indices is not None and not req_indices.is_contiguous():
-            raise ValueError("req_indices must be contiguous")
         if grammar_mask is not None:
             W = (V + 31) // 32
             g = check_tensor("grammar_mask", grammar_mask, dtype=torch.int32, ndim=2,
                              device=device)  # fmt: skip
-            if g.shape[1] != W or g.shape[0] < n_drafts + B or not g.is_contiguous():
+            if g.shape[1] != W or g.shape[0] < n_drafts + B:
                 raise ValueError(
-                    f"grammar_mask must be contiguous int32 [>= len(draft_token_ids) + B = "
+                    f"grammar_mask must be int32 [>= len(draft_token_ids) + B = "
                     f"{n_drafts + B}, ceil(V / 32) = {W}], got {tuple(g.shape)}"
                 )
+        return None if req_indices is None else req_indices.contiguous()
 
     def _gathered(self, B: int, req_indices, grammar_mask) -> LogitsProcessing:
         token_ids, num_tokens, num_prompt = self._buffer_checked()
@@ -310,21 +324,31 @@ class ProcessingState:
             rows = torch.arange(B, device=self.device)
         else:  # (padding rows -1: any row's values, their logits are copied; a row out of
             rows = req_indices.long().clamp(0, R - 1)  # range: refused by the value checks)
+        # (R >= 1: checked at construction)
         p = {n: None if t is None else t.index_select(0, rows) for n, t in self._tensors.items()}
         return LogitsProcessing(token_ids, num_tokens, num_prompt, req_indices,
                                 grammar_mask=grammar_mask, **p)  # fmt: skip
 
 
 def _finite(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    """``v`` as the float32 the state keeps: a real number, finite in float32."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise ValueError(f"{name} must be a finite number, got {v!r}")
-    if abs(v) > FLOAT32_MAX:
+    with np.errstate(over="ignore"):
+        x = np.float32(float(v)) if abs(v) <= FLOAT32_MAX else np.float32(np.inf)
+    if not abs(x) <= FLOAT32_MAX:
         raise ValueError(f"{name} must be finite in float32, got {v!r}")
-    return float(v)
+    return float(x)
+
+
+def _listed(name: str, values) -> list:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise ValueError(f"{name} must be a sequence, got {type(values).__name__}")
+    return list(values)
 
 
 def _ids(name: str, ids, V: int) -> list[int]:
-    out = list(ids)
+    out = _listed(name, ids)
     for t in out:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
             raise ValueError(f"{name} must hold token ids in [0, V = {V}), got {t!r}")
@@ -358,13 +382,13 @@ def verify_fused_cpu(kwargs, processing, proc, proc_checks, value_checks):
         drafts, cu, logits = (kwargs[n] for n in ("draft_token_ids", "cu_num_draft_tokens",
                                                   "target_logits"))  # fmt: skip
         B = cu.shape[0] - 1
-        pt = state.kernel_tuple(B, drafts.shape[0], logits.shape[1], req, grammar)
+        pt = state._kernel_tuple(req, grammar)
 
         def state_checks() -> None:  # the same values' checks as a LogitsProcessing
             lp = processing.logits_processing(B)
             prepare(logits, drafts, cu, *lp, validate=True)[0]()
 
-        checks = [] if value_checks is None else [value_checks, state_checks]
+        checks = [] if value_checks is None else [state_checks, value_checks]
     result = _cpu.rejection_sample_processed(**kwargs, check=bool(checks), processing=pt)
     if result is None:
         refused("rejection_sample", lambda: [c() for c in checks])

@@ -290,6 +290,8 @@ def rejection_sample(
         )
     if V < 1:
         raise ValueError(f"target_logits must have a vocabulary of at least 1, got V = {V}")
+    if isinstance(processing, StateBatch):  # its per-call checks, on every route
+        processing = processing.checked(B, n_flat, V)
     if draft_probs is not None:
         draft_probs = check_tensor(
             "draft_probs", draft_probs, dtype=LOGIT_DTYPES, ndim=2, device=device

@@ -23,7 +23,7 @@ I32 = torch.int32
 K = 3
 
 
-def state_of(a: dict, seed: int) -> ProcessingState:
+def state_of(a: dict, seed: int, neutral: bool = True) -> ProcessingState:
     """A state over ``a``'s token buffer holding ``a``'s per-request features in the
     batch's state rows (and other parameters in the rows outside the batch, so that a
     request read at its batch index instead of its state row would show)."""
@@ -44,7 +44,7 @@ def state_of(a: dict, seed: int) -> ProcessingState:
         bias = {t: v for t, v in zip(ids, vals, strict=True) if t >= 0}
         mask = a["allowed_token_mask"][b].cpu().numpy().view(np.uint8)
         allowed = np.unpackbits(mask, bitorder="little")[:V].nonzero()[0].tolist()
-        on = torch.rand(3, generator=g) < 0.8  # some features neutral in some rows
+        on = (torch.rand(3, generator=g) < 0.8) | (not neutral)  # some neutral in some rows
         state.set_request(
             r,
             repetition_penalty=float(a["repetition_penalty"][b]) if on[0] else 1.0,
@@ -127,11 +127,18 @@ def small_state(**kw) -> ProcessingState:
 SET_ERRORS = [
     (dict(row=2), "row must lie in"),
     (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
-    (dict(frequency_penalty=float("nan")), "frequency_penalty must be a finite"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty must be finite"),
+    (dict(repetition_penalty=1e-46), "repetition_penalty must be > 0 in float32"),
+    (dict(repetition_penalty=10**400), "repetition_penalty must be finite in float32"),
+    (dict(frequency_penalty="1"), "frequency_penalty must be a finite number"),
+    (dict(min_tokens=2**31), "min_tokens must be"),
+    (dict(bad_words=[1, 2]), "bad_words must be a sequence"),
+    (dict(logit_bias=[(1, 1.0)]), "logit_bias must be a mapping"),
+    (dict(stop_token_ids=None), "stop_token_ids must be a sequence"),
     (dict(presence_penalty=1e39), "presence_penalty must be finite in float32"),
     (dict(logit_bias={8: 1.0}), "logit_bias must hold token ids"),
     (dict(logit_bias={1: 1.0, 2: 1.0, 3: 1.0}), "more than the state's max_logit_bias = 2"),
-    (dict(logit_bias={1: float("inf")}), r"logit_bias\[1\] must be a finite"),
+    (dict(logit_bias={1: float("inf")}), r"logit_bias\[1\] must be finite in float32"),
     (dict(allowed_token_ids=[]), "allowed_token_ids must not be empty"),
     (dict(allowed_token_ids=[-1]), "allowed_token_ids must hold token ids"),
     (dict(bad_words=[[1], [2]]), "more than the state's max_bad_words = 1"),
@@ -154,6 +161,15 @@ def test_set_request_refuses_bad_parameters_and_writes_nothing(kw, match):
         state.set_request(row, **{"logit_bias": {5: 2.0}, **kw})  # a change refused
     for n, x in state._arrays.items():
         assert (x is None and before[n] is None) or np.array_equal(x, before[n]), n
+
+
+def test_numpy_numbers_are_taken_and_stop_tokens_without_min_tokens_are_ignored():
+    state = small_state(max_stop_tokens=0)
+    # (no min_tokens: the stop tokens do nothing)
+    state.set_request(0, repetition_penalty=np.float32(1.5), logit_bias={np.int64(3): 2.0},
+                      stop_token_ids=[1, 2, 3])  # fmt: skip
+    assert state._arrays["repetition_penalty"][0] == 1.5
+    assert state._arrays["logit_bias_ids"][0].tolist() == [3, -1]
 
 
 def test_features_the_state_was_built_without_are_refused():
@@ -237,3 +253,51 @@ def test_a_cuda_state_verifies_as_the_cpu_state(seed):
     assert torch.equal(got.output_token_ids.cpu(), want.output_token_ids)
     assert torch.equal(got.num_emitted.cpu(), want.num_emitted)
     torch.testing.assert_close(got.logprobs.cpu(), want.logprobs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_state_holds_the_parameters_it_was_given():
+    # against the LogitsProcessing the parameters came from (every feature on, bias ids
+    # made distinct: a mapping holds one value per id), not against the state's own gather
+    a = accepted_drafts(random_args(3), K)
+    ids = a["logit_bias_ids"].clone()
+    for b in range(ids.shape[0]):
+        seen = set()
+        for m in range(ids.shape[1]):
+            if int(ids[b, m]) in seen:
+                ids[b, m] = -1
+            seen.add(int(ids[b, m]))
+    a["logit_bias_ids"] = ids
+    state = state_of(a, 3, neutral=False)
+    rows = (a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"])
+    from tests.test_processing import processing_of
+
+    for mode in ("greedy-logprobs", "sampled"):
+        kw = verify_kwargs(a, mode, 3, K)
+        want = rejection_sample(*rows, processing=processing_of(a), **kw)
+        got = rejection_sample(*rows, processing=state.batch(a["req_indices"], a["grammar_mask"]),
+                               **kw)  # fmt: skip
+        assert same_result(got, want)
+
+
+def test_every_route_runs_the_per_call_checks():
+    state = small_state()
+    wide = (torch.zeros(1, 9), i32([]), i32([0, 0]))
+    with torch.device("cpu"), pytest.raises(ValueError, match="the state's vocabulary V = 8"):
+        rejection_sample(*wide, num_speculative_tokens=0, processing=state.batch())
+    one = (torch.zeros(2, 8), i32([]), i32([0, 0, 0]))
+    req = i32([1, 9, 0, 9])[::2]  # not contiguous: taken on both routes
+    direct = rejection_sample(*one, num_speculative_tokens=0, processing=state.batch(req))
+    with torch.device("cpu"):
+        assert same_result(
+            rejection_sample(*one, num_speculative_tokens=0, processing=state.batch(req)), direct
+        )
+
+
+def test_the_stored_parameters_are_not_checked_again_per_call():
+    # checked when set: a call's value checks read only the batch's token buffer rows
+    from specdec_kernels.cpu import processing as cpu_processing
+
+    state = small_state()
+    state._arrays["repetition_penalty"][1] = -1.0  # (only set_request writes them)
+    pt = state._kernel_tuple(i32([0]), None)
+    assert cpu_processing.values_ok(pt, 1, 8)

@@ -77,7 +77,8 @@ def values_ok(pt, B, V):
     as one pass: ``req_indices`` in ``[-1, R)``; each batch row's ``num_tokens`` in ``[0,
     L_max]`` and ``num_prompt_tokens`` in ``[0, num_tokens]``; the penalties and bias
     values finite, ``repetition_penalty > 0``; the ids in ``[-1, V)``; ``min_tokens >=
-    0``."""
+    0`` (the per-request values only for a batch's own ``[B]`` arrays: a
+    ``ProcessingState`` checks its rows when they are set)."""
     token_ids, num_tokens, num_prompt, req, has_req = pt[0], pt[1], pt[2], pt[3], pt[4]
     R, L_max = token_ids.shape
     for b in range(req.shape[0] if has_req else 0):
@@ -89,8 +90,10 @@ def values_ok(pt, B, V):
             continue
         if not (0 <= num_tokens[r] <= L_max and 0 <= num_prompt[r] <= num_tokens[r]):
             return False
+    if pt[19]:  # kept per state row (ProcessingState): checked when set, written only then
+        return True
     rp, fp, pp, has_pen = pt[5], pt[6], pt[7], pt[8]
-    for b in range(rp.shape[0] if has_pen else 0):  # (B rows, or R kept per state row)
+    for b in range(B if has_pen else 0):
         if not (0 < rp[b] <= FLOAT32_MAX):
             return False
         for v in (fp[b], pp[b]):

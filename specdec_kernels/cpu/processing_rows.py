@@ -2,8 +2,9 @@
 ``rejection_sample(..., processing=...)``'s, ``cpu/rejection.py``): a row's mask words, the
 copy that applies them, the counts of a request's history and drafts, and the sparse steps
 (bias, penalties, bad words, min_tokens) on one row. ``pt`` is the processing inputs'
-tuple (``cpu/processing.py``'s ``TENSORS``). Contract: ``docs/design.md``,
-"``process_logits``"."""
+tuple (``cpu/processing.py``'s ``TENSORS``). The row functions' ``b`` is the row of the
+request's parameters: its batch index, or its state row with ``by_row``
+(:func:`request_start`'s ``p``). Contract: ``docs/design.md``, "``process_logits``"."""
 
 from __future__ import annotations
 
