@@ -1,11 +1,11 @@
 """Host-side cells for an old / new comparison of two source trees, one process per tree.
 
-``python -m bench.ab_host processing CELL ...`` with ``CELL = step,B,V,L[,R]``: the cases of
-``bench/cases_processing.py`` (``step`` = ``fused``, ``fused-sampled``, ``fused-state`` or
-``process``), every feature on; per cell the median of 3 rounds of (op, baseline), each
-round the median of ``n = 2000 / (B x V / 32000)`` calls (at least 10). The baseline is
-``rejection_sample`` on the raw rows (fused steps) or ``process_logits`` with nothing on
-(``process``).
+``python -m bench.ab_host processing CELL ...`` with ``CELL = step,B,V,L[,R][,counts]``:
+the cases of ``bench/cases_processing.py`` (``step`` = ``fused``, ``fused-sampled``,
+``fused-state`` or ``process``; ``fused-state`` takes ``R`` and ``counts``), every feature
+on; per cell the median of 3 rounds of (op, baseline), each round the median of
+``n = 2000 / (B x V / 32000)`` calls (at least 10). The baseline is ``rejection_sample``
+on the raw rows (fused steps) or ``process_logits`` with nothing on (``process``).
 ``python -m bench.ab_host kernels``: the ops whose kernels pass arrays on in their loops
 (index builds, a frequency corpus append, proposals, ``top_logprobs``); per cell the median
 of 5 rounds of n calls. One thread; prints one JSON object (cell -> microseconds).
@@ -50,9 +50,10 @@ def processing(cells: list[str]) -> dict:
 
     out = {}
     for cell in cells:
-        step, B, V, L, *R = cell.split(",")  # (fused-state: a fifth field, R)
+        step, B, V, L, *more = cell.split(",")  # fused-state: R, or "counts"
         spec = {"B": int(B), "V": int(V), "L": int(L), "features": "all", "step": step}
-        spec.update({"R": int(R[0])} if R else {})
+        for m in more:
+            spec.update({"counts": True} if m == "counts" else {"R": int(m)})
         case = build(spec) if step == "process" else _fused_case(spec)
         op, base = case.impls[OP], case.impls["bare" if step == "process" else "verify"]
         n = max(10, int(2000 / (spec["B"] * spec["V"] / 32000)))

@@ -9,8 +9,9 @@ costs a verify step) and vs the torch processing then ``rejection_sample``.
 temperature 0.8, top-p 0.9) vs ``verify`` (the same sampling on the raw rows), ``two_ops``
 (``process_logits`` then ``rejection_sample``) and ``torch`` (the torch processing then
 ``rejection_sample``). ``step=fused-state``: the same greedy verification with the
-parameters kept in a ``ProcessingState`` of ``R`` rows (default ``B``; ``state.batch()``)
-vs ``verify`` and ``fused`` (the same parameters as a ``LogitsProcessing``).
+parameters kept in a ``ProcessingState`` of ``R`` rows (default ``B``; ``state.batch()``;
+``counts``: with ``keep_counts``) vs ``verify`` and ``fused`` (the same parameters as a
+``LogitsProcessing``).
 ``features=all``:
 repetition, frequency and presence penalties, 8 logit-bias entries, an allowed-token mask,
 4 bad words, min_tokens with 2 stop tokens; ``features=neutral``: penalties 1, 0, 0 only.
@@ -72,6 +73,11 @@ SPECS += [
 SPECS += [
     {"B": b, "V": 32000, "L": 1024, "features": "all", "step": "fused-state", "R": 1024}
     for b in (1, 8)
+]
+# a state that keeps each row's history counts (keep_counts=True)
+SPECS += [
+    {"B": b, "V": 32000, "L": L, "features": "all", "step": "fused-state", "counts": True}
+    for b, L in ((1, 1024), (8, 1024), (8, 32768))
 ]
 QUICK_SPECS = [
     {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
@@ -227,7 +233,7 @@ def _fused_case(spec: dict) -> Case:
         "torch": lambda: verify(process_logits_torch(logits, **base)),
     }
     if step == "fused-state":
-        batch = _state_of(op, V, spec.get("R", B))
+        batch = _state_of(op, V, spec.get("R", B), spec.get("counts", False))
         reference = batch.logits_processing(B)  # (a dict's bias: repeated ids summed first)
         impls = {
             OP: lambda: verify(logits, processing=batch),
@@ -245,10 +251,11 @@ def _fused_case(spec: dict) -> Case:
     return Case(OP_NAME, dict(spec), impls, check, bytes_moved(B, V, L))
 
 
-def _state_of(op: dict, V: int, R: int) -> StateBatch:
+def _state_of(op: dict, V: int, R: int, counts: bool) -> StateBatch:
     """The ``batch()`` of a ``ProcessingState`` of ``R >= B`` rows holding ``op``'s
     requests and their per-request features (``_inputs``' ``features=all``), request ``b``
-    in state row ``b * (R // B)`` (neutral rows between them)."""
+    in state row ``b * (R // B)`` (neutral rows between them); ``counts``: ``keep_counts``
+    (the histories are counted by the first call; the timed calls append nothing)."""
     kw = op["kw"]
     B, L = op["token_ids"].shape
     rows = torch.arange(B, dtype=torch.int32) * (R // B)
@@ -260,7 +267,7 @@ def _state_of(op: dict, V: int, R: int) -> StateBatch:
     state = ProcessingState(
         *buffer, vocab_size=V,
         max_logit_bias=8, max_bad_words=4, max_bad_word_tokens=3, max_stop_tokens=2,
-        allowed_tokens=True,
+        allowed_tokens=True, keep_counts=counts,
     )  # fmt: skip
     for b in range(op["num_tokens"].shape[0]):
         words = kw["allowed_token_mask"][b].numpy().view(np.uint8)

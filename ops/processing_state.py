@@ -76,13 +76,19 @@ class ProcessingState:
         Capacity per request (0: the feature is off). ``max_bad_word_tokens <= L_max``.
     allowed_tokens : bool
         Keep an allowed-token set per request.
+    keep_counts : bool
+        CPU: keep each row's history counts (int32 ``[R, V]``), brought up to date at each
+        verify call from the tokens appended since, so a greedy row's penalty checks need
+        no pass over the history. Requires that a row's tokens below ``num_tokens`` change
+        only when the row gets a new request, and that :meth:`set_request` is called then.
 
     Raises
     ------
     ValueError
         A token buffer :func:`process_logits` would refuse, or not contiguous, or of no
         rows; a capacity not an int ``>= 0``; ``vocab_size`` outside ``[1, 2**31)``;
-        ``max_bad_word_tokens`` above ``L_max`` or 0 with bad words.
+        ``max_bad_word_tokens`` above ``L_max`` or 0 with bad words; ``keep_counts`` with
+        a token buffer not on the CPU.
 
     Examples
     --------
@@ -102,7 +108,7 @@ class ProcessingState:
     def __init__(
         self, token_ids, num_tokens, num_prompt_tokens, *, vocab_size: int,
         max_logit_bias: int = 0, max_bad_words: int = 0, max_bad_word_tokens: int = 0,
-        max_stop_tokens: int = 0, allowed_tokens: bool = False,
+        max_stop_tokens: int = 0, allowed_tokens: bool = False, keep_counts: bool = False,
     ) -> None:  # fmt: skip
         token_ids = check_state_tensor("token_ids", token_ids, dtype=torch.int32, ndim=2,
                                        device=getattr(token_ids, "device", None))  # fmt: skip
@@ -117,8 +123,11 @@ class ProcessingState:
         S = check_int("max_bad_words", max_bad_words, min_value=0)
         Wb = check_int("max_bad_word_tokens", max_bad_word_tokens, min_value=0)
         T = check_int("max_stop_tokens", max_stop_tokens, min_value=0)
-        if not isinstance(allowed_tokens, bool):
-            raise ValueError(f"allowed_tokens must be a bool, got {type(allowed_tokens).__name__}")
+        for name, flag in (("allowed_tokens", allowed_tokens), ("keep_counts", keep_counts)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be a bool, got {type(flag).__name__}")
+        if keep_counts and token_ids.device.type != "cpu":
+            raise ValueError("keep_counts is for a CPU token buffer (the CUDA path counts anew)")
         if S and not 1 <= Wb <= L_max:
             raise ValueError(
                 f"max_bad_word_tokens must lie in [1, L_max = token_ids.shape[1] = {L_max}] "
@@ -139,6 +148,9 @@ class ProcessingState:
             "min_tokens": np.zeros(R, np.int32) if T else None,
             "stop_token_ids": np.full((R, T), -1, np.int32) if T else None,
         }
+        self._counts = (NONE_I32_2D, NONE_I32_2D)
+        if keep_counts:  # the history counts per row, and how far they go (-1: from the start)
+            self._counts = (np.zeros((R, V), np.int32), np.full((R, 2), -1, np.int32))
         self._arrays = a
         on_cpu = self.device.type == "cpu"
         self._tensors = {
@@ -155,7 +167,8 @@ class ProcessingState:
         self._head = (a["repetition_penalty"], a["frequency_penalty"], a["presence_penalty"],
                       True, x["logit_bias_ids"], x["logit_bias_values"],
                       x["allowed_token_mask"], allowed_tokens)  # fmt: skip
-        self._tail = (x["bad_word_ids"], x["min_tokens"], x["stop_token_ids"], bool(T), True)
+        self._tail = (x["bad_word_ids"], x["min_tokens"], x["stop_token_ids"], bool(T), True,
+                      *self._counts, keep_counts)  # fmt: skip
 
     @property
     def num_rows(self) -> int:
@@ -241,6 +254,7 @@ class ProcessingState:
             a["min_tokens"][row] = min_tokens
             a["stop_token_ids"][row] = -1
             a["stop_token_ids"][row, : len(stops)] = stops
+        self._counts[1][row : row + 1] = -1  # a new request: its history counted anew
         self._sync(row, row)
 
     def clear_request(self, row: int) -> None:
@@ -255,8 +269,8 @@ class ProcessingState:
             check_int(name, row, min_value=0)
             if row >= self.num_rows:
                 raise ValueError(f"{name} must lie in [0, R = {self.num_rows}), got {row}")
-        for x in self._arrays.values():
-            if x is not None:
+        for x in (*self._arrays.values(), *self._counts):
+            if x is not None and x.shape[0]:
                 x[dst] = x[src]
         self._sync(dst, dst)
 

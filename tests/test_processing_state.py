@@ -23,7 +23,7 @@ I32 = torch.int32
 K = 3
 
 
-def state_of(a: dict, seed: int, neutral: bool = True) -> ProcessingState:
+def state_of(a: dict, seed: int, neutral: bool = True, keep_counts=False) -> ProcessingState:
     """A state over ``a``'s token buffer holding ``a``'s per-request features in the
     batch's state rows (and other parameters in the rows outside the batch, so that a
     request read at its batch index instead of its state row would show)."""
@@ -31,7 +31,7 @@ def state_of(a: dict, seed: int, neutral: bool = True) -> ProcessingState:
     state = ProcessingState(
         a["token_ids"], a["num_tokens"], a["num_prompt_tokens"], vocab_size=V,
         max_logit_bias=3, max_bad_words=4, max_bad_word_tokens=3, max_stop_tokens=2,
-        allowed_tokens=True,
+        allowed_tokens=True, keep_counts=keep_counts,
     )  # fmt: skip
     g = torch.Generator().manual_seed(seed)
     for r in range(state.num_rows):
@@ -62,12 +62,13 @@ def state_of(a: dict, seed: int, neutral: bool = True) -> ProcessingState:
 @pytest.mark.parametrize("mode", ["greedy", "greedy-logprobs", "sampled", "draft-probs"])
 @pytest.mark.parametrize("accept", [False, True], ids=["random-drafts", "accepted-drafts"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keep", [False, True], ids=["counted-per-call", "kept-counts"])
 @pytest.mark.parametrize("seed", range(4))
-def test_a_state_batch_verifies_as_its_logits_processing(seed, dtype, accept, mode):
+def test_a_state_batch_verifies_as_its_logits_processing(seed, keep, dtype, accept, mode):
     a = random_args(seed, dtype=dtype)
     if accept:
         a = accepted_drafts(a, K)
-    state = state_of(a, seed)
+    state = state_of(a, seed, keep_counts=keep)
     B = a["cu_num_draft_tokens"].shape[0] - 1
     kw = verify_kwargs(a, mode, seed, K)
     rows = (a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"])
@@ -301,3 +302,64 @@ def test_the_stored_parameters_are_not_checked_again_per_call():
     state._arrays["repetition_penalty"][1] = -1.0  # (only set_request writes them)
     pt = state._kernel_tuple(i32([0]), None)
     assert cpu_processing.values_ok(pt, 1, 8)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kept_counts_follow_the_token_buffer_step_by_step(seed):
+    # an engine's loop: tokens appended after each step, a row given a new (shorter)
+    # request with set_request; the state with kept counts verifies as the one without
+    # and as the LogitsProcessing it gathers, at every step
+    g = torch.Generator().manual_seed(seed)
+    R, L, V, B = 4, 40, 12, 3
+    tokens = torch.randint(0, V, (R, L), generator=g, dtype=I32)
+    num_tokens = torch.randint(2, 10, (R,), generator=g, dtype=I32)
+    prompt = (num_tokens // 2).to(I32)
+    states = [ProcessingState(tokens, num_tokens, prompt, vocab_size=V, keep_counts=kc,
+                              max_logit_bias=1) for kc in (True, False)]  # fmt: skip
+    for s in states:
+        for r in range(R):
+            s.set_request(r, repetition_penalty=1.5, frequency_penalty=0.7,
+                          presence_penalty=0.3, logit_bias={r: 0.5})  # fmt: skip
+    for step in range(8):
+        req = torch.randperm(R, generator=g)[:B].to(I32)
+        cu = torch.tensor([0, 2, 2, 4], dtype=I32)
+        logits = torch.randint(-3, 4, (cu[-1] + B, V), generator=g).float()
+        drafts = torch.randint(0, V, (4,), generator=g, dtype=I32)
+        outs = [rejection_sample(logits, drafts, cu, num_speculative_tokens=2,
+                                 processing=s.batch(req)) for s in states]  # fmt: skip
+        gathered = states[1].batch(req).logits_processing(B)
+        outs.append(rejection_sample(logits, drafts, cu, num_speculative_tokens=2,
+                                     processing=gathered))  # fmt: skip
+        assert same_result(outs[0], outs[1]) and same_result(outs[0], outs[2]), step
+        for b, r in enumerate(req.tolist()):  # commit the emitted tokens
+            n, e = int(num_tokens[r]), int(outs[0].num_emitted[b])
+            e = min(e, L - n)
+            tokens[r, n : n + e] = outs[0].output_token_ids[b, :e]
+            num_tokens[r] = n + e
+        if step == 4:  # row 0 takes a new, shorter request
+            tokens[0] = torch.randint(0, V, (L,), generator=g, dtype=I32)
+            num_tokens[0], prompt[0] = 3, 2
+            for s in states:
+                s.set_request(0, repetition_penalty=2.0, frequency_penalty=1.0)
+
+
+def test_kept_counts_move_with_their_request_and_stay_on_the_cpu():
+    tokens = torch.tensor([[1, 1, 2, 0], [3, 3, 3, 3]], dtype=I32)
+    state = ProcessingState(tokens, i32([4, 4]), i32([1, 1]), vocab_size=4, keep_counts=True)
+    for r in (0, 1):
+        state.set_request(r, frequency_penalty=10.0)
+    one = (torch.tensor([[1.0, 2.0, 0.0, 0.0]]), i32([]), i32([0, 0]))
+
+    def token(r):
+        out = rejection_sample(*one, num_speculative_tokens=0, processing=state.batch(i32([r])))
+        return out.output_token_ids.item()
+
+    assert (token(0), token(1)) == (3, 1)  # both rows counted: 0, 1, 2 seen; 3 seen
+    tokens[1] = tokens[0]  # the engine moves row 0's request to row 1
+    state.move_request(0, 1)
+    assert state._counts[0][1].tolist() == state._counts[0][0].tolist()
+    assert token(1) == 3
+    meta = torch.zeros(2, 4, dtype=I32, device="meta")
+    with pytest.raises(ValueError, match="keep_counts is for a CPU token buffer"):
+        lengths = torch.zeros(2, dtype=I32, device="meta")
+        ProcessingState(meta, lengths, lengths, vocab_size=4, keep_counts=True)

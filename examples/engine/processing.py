@@ -48,6 +48,8 @@ class Processing:
             max_bad_word_tokens=max((len(w) for sp in params for w in sp.bad_words), default=0),
             max_stop_tokens=max(len(stops), 1) if min_tokens else 0,
             allowed_tokens=any(sp.allowed_token_ids is not None for sp in params),
+            # rows change only at admission, which sets the row: counts can be kept
+            keep_counts=eng.token_ids.device.type == "cpu",
         )  # fmt: skip
         R, dev = eng.num_tokens.shape[0], eng.num_tokens.device
         counts = torch.zeros(R, dtype=torch.int32, device=dev) if min_tokens else None

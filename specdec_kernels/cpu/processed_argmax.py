@@ -85,12 +85,20 @@ def _value_at(l32, l16, bf16, g, pt, b, r, L, P, pen, drafts, lo, j, cnt, t):
 def _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t):
     """Token ``t``'s count in ``counts``' encoding (0 without penalties; the rule of
     ``processing_rows.count_upto`` for one token): read from ``counts`` once the history is
-    counted, else from two comparison passes (prompt, output), which vectorise, and the
+    counted, else from a ``ProcessingState``'s kept counts of state row ``r`` (``pt``'s
+    ``kept_counts``) or two comparison passes (prompt, output), which vectorise; then the
     drafts ``d_0 .. d_{j-1}``."""
     if not pen:
         return np.int32(0)
     if counted:
         return counts[t]
+    if pt[22]:
+        n = pt[20][r, t]
+        for q in range(j):
+            f = lo + q
+            if 0 <= f < drafts.shape[0] and drafts[f] == t:
+                n += 1
+        return np.int32(n)
     prompt, output = pt[0][r, :P], pt[0][r, P:L]  # (loops from 0: one from P measured
     in_prompt = 0  # 2.7x slower alone, 4x in the op: not vectorised)
     for i in range(prompt.shape[0]):

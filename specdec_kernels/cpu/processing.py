@@ -34,6 +34,7 @@ from specdec_kernels.cpu._jit import (
     zeroed_i32,
 )
 from specdec_kernels.cpu.processing_rows import (
+    PROMPT_BIT,
     copy_row,
     count_draft,
     process_row,
@@ -153,27 +154,61 @@ def tensors(
         opt(logit_bias_values, NONE_F32_2D), opt(allowed_token_mask, NONE_I32_2D),
         allowed_token_mask is not None, opt(grammar_mask, NONE_I32_2D), grammar_mask is not None,
         opt(bad_word_ids, NONE_I32_3D), opt(min_tokens, NONE_I32), opt(stop_token_ids, NONE_I32_2D),
-        min_tokens is not None, False,
+        min_tokens is not None, False, NONE_I32_2D, NONE_I32_2D, False,
     )  # fmt: skip
 
 
 TENSORS = (
     "token_ids", "num_tokens", "num_prompt", "req", "has_req", "rp", "fp", "pp", "has_pen",
     "bias_ids", "bias_values", "allowed", "has_allowed", "grammar", "has_grammar", "bad",
-    "min_tok", "stops", "has_min", "by_row",
+    "min_tok", "stops", "has_min", "by_row", "kept_counts", "kept_upto", "has_kept",
 )  # fmt: skip
 """The processing inputs as the kernels take them: one tuple (an argument each would make
-every kernel that processes rows list 20), absent tensors as empty placeholders beside
+every kernel that processes rows list 23), absent tensors as empty placeholders beside
 their ``has_`` flags. ``by_row``: the per-request parameters (penalties to stop tokens)
 are kept per state row (``ops/processing_state.py``'s ``ProcessingState``: ``R`` rows, read
-at ``req_indices[b]``) instead of one per request of the batch."""
+at ``req_indices[b]``) instead of one per request of the batch. ``kept_counts`` (int32
+``[R, V]``, ``processing_rows.count_upto``'s encoding) and ``kept_upto`` (int32 ``[R, 2]``:
+the history length and prompt length counted): a ``ProcessingState``'s history counts
+(``keep_counts=True``), brought up to date by :func:`sync_counts`."""
 
 NONE_TENSORS = (
     NONE_I32_2D, NONE_I32, NONE_I32, NONE_I32, False, NONE_F32, NONE_F32, NONE_F32, False,
     NONE_I32_2D, NONE_F32_2D, NONE_I32_2D, False, NONE_I32_2D, False, NONE_I32_3D, NONE_I32,
-    NONE_I32_2D, False, False,
+    NONE_I32_2D, False, False, NONE_I32_2D, NONE_I32_2D, False,
 )  # fmt: skip
 """:data:`TENSORS` with nothing on (a kernel's argument where no processing is asked)."""
+
+
+@jit
+def sync_counts(pt, B, V):
+    """A ``ProcessingState``'s kept history counts (``pt``'s ``kept_counts``) brought up
+    to date for the batch's state rows: each row counts its tokens from where its last
+    count ended to ``num_tokens`` (O(new tokens)); a row whose history got shorter or whose
+    prompt length changed since (a new request, or ``set_request``: ``kept_upto = -1``) is
+    zeroed and counted from the start (O(V + history)). Memory-safe for any values (lengths
+    clamped as :func:`processing_rows.request_start` clamps them)."""
+    token_ids, num_tokens, num_prompt, req, has_req = pt[0], pt[1], pt[2], pt[3], pt[4]
+    counts, upto = pt[20], pt[21]
+    R, L_max = token_ids.shape
+    for b in range(B):
+        r = req[b] if has_req else b
+        if r < 0 or r >= R:
+            continue
+        L = min(max(num_tokens[r], 0), L_max)
+        P = min(max(num_prompt[r], 0), L)
+        start = upto[r, 0]
+        if start < 0 or start > L or upto[r, 1] != P:
+            counts[r, :] = 0
+            start = 0
+        for i in range(start, L):
+            t = token_ids[r, i]
+            if 0 <= t < V:
+                if i < P:
+                    counts[r, t] |= PROMPT_BIT
+                else:
+                    counts[r, t] += 1
+        upto[r, 0], upto[r, 1] = L, P
 
 
 def buffers(V, L_max, n_drafts, pen):

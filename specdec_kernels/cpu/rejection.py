@@ -35,7 +35,7 @@ from specdec_kernels.cpu._jit import (
 from specdec_kernels.cpu.filters import kept_weights
 from specdec_kernels.cpu.logprobs import value_of
 from specdec_kernels.cpu.processed_argmax import processed_argmax
-from specdec_kernels.cpu.processing import NONE_TENSORS, buffers, tensors
+from specdec_kernels.cpu.processing import NONE_TENSORS, buffers, sync_counts, tensors
 from specdec_kernels.cpu.processing import values_ok as processing_values_ok
 from specdec_kernels.cpu.processing_rows import (
     count_draft,
@@ -135,6 +135,8 @@ def _reject(
         return False
     if check and proc and not processing_values_ok(pt, B, V):
         return False
+    if proc and pt[22]:  # a ProcessingState's kept counts, once the values are accepted
+        sync_counts(pt, B, V)
     # what the rows' functions are passed, without reference counts (``borrowed``)
     l32, l16, q32, q16, drafts, w, blocks, refs, buf, counts, uniq, words, prow, fwork = borrowed(
         (l32, l16, q32, q16, drafts, w, blocks, refs, buf, counts, uniq, words, prow, fwork)
