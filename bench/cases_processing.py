@@ -11,7 +11,7 @@ temperature 0.8, top-p 0.9) vs ``verify`` (the same sampling on the raw rows), `
 ``rejection_sample``). ``step=fused-state``: the same greedy verification with the
 parameters kept in a ``ProcessingState`` of ``R`` rows (default ``B``; ``state.batch()``;
 ``counts``: with ``keep_counts``) vs ``verify`` and ``fused`` (the same parameters as a
-``LogitsProcessing``).
+``LogitsProcessing``); ``fused-state-sampled``: the same, sampled as ``fused-sampled``.
 ``features=all``:
 repetition, frequency and presence penalties, 8 logit-bias entries, an allowed-token mask,
 4 bad words, min_tokens with 2 stop tokens; ``features=neutral``: penalties 1, 0, 0 only.
@@ -79,6 +79,19 @@ SPECS += [
     {"B": b, "V": 32000, "L": L, "features": "all", "step": "fused-state", "counts": True}
     for b, L in ((1, 1024), (8, 1024), (8, 32768))
 ]
+# sampled (temperature 0.8, top-p 0.9), with and without kept counts, 1k and 32k histories
+SPECS += [
+    {"B": b, "V": 32000, "L": L, "features": "all", "step": s}
+    for s, b, L in itertools.product(
+        ("fused-sampled", "fused-state-sampled"), (1, 8), (1024, 32768)
+    )  # fmt: skip
+    if not (s == "fused-sampled" and L == 1024)  # (in the list above)
+]
+SPECS += [
+    {"B": b, "V": 32000, "L": L, "features": "all", "step": "fused-state-sampled",
+     "counts": True}
+    for b, L in itertools.product((1, 8), (1024, 32768))
+]  # fmt: skip
 QUICK_SPECS = [
     {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
     for f, s in (
@@ -91,6 +104,9 @@ QUICK_SPECS = [
     )  # fmt: skip
 ]
 QUICK_SPECS += [{"B": 2, "V": 1000, "L": 64, "features": "all", "step": "fused", "rows": "seen"}]
+QUICK_SPECS += [
+    {"B": 2, "V": 1000, "L": 64, "features": "all", "step": "fused-state-sampled", "counts": True}
+]
 BASELINES = ["torch", "bare", "verify", "two_ops"]
 
 
@@ -207,7 +223,7 @@ def build(spec: dict) -> Case:
 
 def _fused_case(spec: dict) -> Case:
     B, V, L, features, step = (spec[n] for n in ("B", "V", "L", "features", "step"))
-    mode = "onehot" if step == "fused-sampled" else "greedy"
+    mode = "onehot" if step.endswith("sampled") else "greedy"
     op, base = _inputs(B, V, L, features, mode, spec.get("rows", "random"))
     logits, drafts, cu = (op[n] for n in ("target_logits", "draft_token_ids",
                                           "cu_num_draft_tokens"))  # fmt: skip
@@ -232,7 +248,7 @@ def _fused_case(spec: dict) -> Case:
         "two_ops": two_ops,
         "torch": lambda: verify(process_logits_torch(logits, **base)),
     }
-    if step == "fused-state":
+    if step.startswith("fused-state"):
         batch = _state_of(op, V, spec.get("R", B), spec.get("counts", False))
         reference = batch.logits_processing(B)  # (a dict's bias: repeated ids summed first)
         impls = {

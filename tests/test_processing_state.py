@@ -304,8 +304,9 @@ def test_the_stored_parameters_are_not_checked_again_per_call():
     assert cpu_processing.values_ok(pt, 1, 8)
 
 
+@pytest.mark.parametrize("sampled_rows", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("seed", range(6))
-def test_kept_counts_follow_the_token_buffer_step_by_step(seed):
+def test_kept_counts_follow_the_token_buffer_step_by_step(seed, sampled_rows):
     # an engine's loop: tokens appended after each step, a row given a new (shorter)
     # request with set_request; the state with kept counts verifies as the one without
     # and as the LogitsProcessing it gathers, at every step
@@ -325,11 +326,16 @@ def test_kept_counts_follow_the_token_buffer_step_by_step(seed):
         cu = torch.tensor([0, 2, 2, 4], dtype=I32)
         logits = torch.randint(-3, 4, (cu[-1] + B, V), generator=g).float()
         drafts = torch.randint(0, V, (4,), generator=g, dtype=I32)
-        outs = [rejection_sample(logits, drafts, cu, num_speculative_tokens=2,
-                                 processing=s.batch(req)) for s in states]  # fmt: skip
+        kw = dict(num_speculative_tokens=2, return_logprobs=sampled_rows)
+        if sampled_rows:
+            kw.update(
+                temperature=torch.full((B,), 0.9), top_p=torch.full((B,), 0.95),
+                seeds=torch.arange(B) + step, offsets=torch.zeros(B, dtype=torch.long),
+            )  # fmt: skip
+        outs = [rejection_sample(logits, drafts, cu, processing=s.batch(req), **kw)
+                for s in states]  # fmt: skip
         gathered = states[1].batch(req).logits_processing(B)
-        outs.append(rejection_sample(logits, drafts, cu, num_speculative_tokens=2,
-                                     processing=gathered))  # fmt: skip
+        outs.append(rejection_sample(logits, drafts, cu, processing=gathered, **kw))
         assert same_result(outs[0], outs[1]) and same_result(outs[0], outs[2]), step
         for b, r in enumerate(req.tolist()):  # commit the emitted tokens
             n, e = int(num_tokens[r]), int(outs[0].num_emitted[b])

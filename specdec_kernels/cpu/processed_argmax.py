@@ -90,8 +90,8 @@ def _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t):
     drafts ``d_0 .. d_{j-1}``."""
     if not pen:
         return np.int32(0)
-    if counted:
-        return counts[t]
+    if counted:  # (with kept counts, ``counts`` holds the drafts alone)
+        return counts[t] + (pt[20][r, t] if pt[22] else np.int32(0))
     if pt[22]:
         n = pt[20][r, t]
         for q in range(j):

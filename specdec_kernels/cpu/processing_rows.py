@@ -108,10 +108,12 @@ def request_start(pt, b, V, counts, uniq, count):
 def count_upto(pt, r, L, P, V, counts, uniq, drafts, lo, j):
     """Count the history of state row ``r`` (``L`` tokens, the first ``P`` the prompt)
     and the drafts ``d_0 .. d_{j-1}`` (output tokens) into ``counts`` / ``uniq`` (empty
-    before); returns ``nu``."""
+    before); returns ``nu``. With a ``ProcessingState``'s kept counts (``pt``'s
+    ``has_kept``) the history is not counted here: ``counts`` holds the drafts alone, the
+    row functions add the kept counts of row ``r``."""
     token_ids = pt[0]
     nu = np.int64(0)
-    for i in range(L):
+    for i in range(0 if pt[22] else L):
         t = token_ids[r, i]
         if 0 <= t < V:
             if counts[t] == 0:
@@ -189,7 +191,15 @@ def _sparse_steps(pt, b, r, L, P, pen, nu, drafts, lo, j, x, counts, uniq, maske
         t = bias_ids[b, m]
         if 0 <= t < V:
             x[t] = x[t] + bias_values[b, m]
-    if pen:
+    if pen and pt[22]:  # kept history counts: one pass over the row (masked ids stay -inf)
+        kept = pt[20][r]
+        rb, fb, pb = rp[b], fp[b], pp[b]
+        for t in range(V):
+            c = kept[t] + counts[t]
+            if c != 0:
+                v = _penalised(x[t], c, rb, fb, pb)
+                x[t] = NEG_INF if masked and not _allowed(words, t) else v
+    elif pen:
         rb, fb, pb = rp[b], fp[b], pp[b]
         for u in range(nu):
             t = uniq[u]
