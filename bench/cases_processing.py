@@ -92,6 +92,10 @@ SPECS += [
      "counts": True}
     for b, L in itertools.product((1, 8), (1024, 32768))
 ]  # fmt: skip
+SPECS += [
+    {"B": 8, "V": 151936, "L": 1024, "features": "all", "step": "fused-state-sampled",
+     "counts": True}
+]  # fmt: skip
 QUICK_SPECS = [
     {"B": 2, "V": 1000, "L": 64, "features": f, "step": s}
     for f, s in (

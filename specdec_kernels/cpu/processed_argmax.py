@@ -16,6 +16,7 @@ from specdec_kernels.cpu.processing_rows import (
     _penalised,
     copy_row,
     count_upto,
+    history_kept,
     process_row,
     row_words,
 )
@@ -90,8 +91,8 @@ def _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t):
     drafts ``d_0 .. d_{j-1}``."""
     if not pen:
         return np.int32(0)
-    if counted:  # (with kept counts, ``counts`` holds the drafts alone)
-        return counts[t] + (pt[20][r, t] if pt[22] else np.int32(0))
+    if counted:  # (the history's counts kept: ``counts`` holds the drafts alone)
+        return counts[t] + (pt[20][r, t] if history_kept(pt, L) else np.int32(0))
     if pt[22]:
         n = pt[20][r, t]
         for q in range(j):
