@@ -9,8 +9,10 @@ argument.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from specdec_kernels.cpu import checks as _cpu_checks
@@ -327,3 +329,38 @@ def check_value_range(
     raise ValueError(
         f"{name} must lie in {'(' if lo_open else '['}{lo_s}, {hi_s}]{extra}, got {shown}"
     )
+
+
+def check_real_f32(name: str, v) -> float:
+    """``v`` as the float32 a state keeps (a Python float): a real number (numpy's too, not
+    bool), finite in float32 (a value that rounds to 0 is 0)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+    with np.errstate(over="ignore"):
+        x = np.float32(float(v)) if abs(v) <= FLOAT32_MAX else np.float32(np.inf)
+    if not abs(x) <= FLOAT32_MAX:
+        raise ValueError(f"{name} must be finite in float32, got {v!r}")
+    return float(x)
+
+
+def check_sequence(name: str, values) -> list:
+    """``values`` (a sequence or numpy array, not a string) as a list."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise ValueError(f"{name} must be a sequence, got {type(values).__name__}")
+    return list(values)
+
+
+def check_token_list(name: str, ids, V: int) -> list[int]:
+    """``ids`` (a sequence of ints, numpy's too) as a list of token ids in ``[0, V)``."""
+    out = check_sequence(name, ids)
+    for t in out:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
+            raise ValueError(f"{name} must hold token ids in [0, V = {V}), got {t!r}")
+    return [int(t) for t in out]
+
+
+def check_capacity(name: str, n: int, array, axis: int, option: str) -> None:
+    """``n`` entries fit ``array.shape[axis]`` (``array`` None: a capacity of 0)."""
+    cap = 0 if array is None else array.shape[axis]
+    if n > cap:
+        raise ValueError(f"{name} has {n} entries, more than the state's {option} = {cap}")

@@ -12,7 +12,6 @@ step: the token buffer's views, ``req_indices`` and the grammar mask.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -24,12 +23,15 @@ from specdec_kernels.cpu._jit import NONE_F32_2D, NONE_I32, NONE_I32_2D, NONE_I3
 from specdec_kernels.ops._library import calls_cpu_directly, plain_cpu, refused
 from specdec_kernels.ops._processing_args import prepare
 from specdec_kernels.ops._validation import (
-    FLOAT32_MAX,
+    check_capacity,
     check_int,
+    check_real_f32,
     check_req_indices,
+    check_sequence,
     check_shape,
     check_state_tensor,
     check_tensor,
+    check_token_list,
 )
 from specdec_kernels.ops.processing import LogitsProcessing
 
@@ -200,35 +202,36 @@ class ProcessingState:
         check_int("row", row, min_value=0)
         if row >= R:
             raise ValueError(f"row must lie in [0, R = {R}), got {row}")
-        rp = _finite("repetition_penalty", repetition_penalty)
+        rp = check_real_f32("repetition_penalty", repetition_penalty)
         if not rp > 0:
             raise ValueError(f"repetition_penalty must be > 0 in float32 (1 = off), got {rp}")
-        fp = _finite("frequency_penalty", frequency_penalty)
-        pp = _finite("presence_penalty", presence_penalty)
+        fp = check_real_f32("frequency_penalty", frequency_penalty)
+        pp = check_real_f32("presence_penalty", presence_penalty)
         if logit_bias is not None and not isinstance(logit_bias, Mapping):
             raise ValueError(f"logit_bias must be a mapping, got {type(logit_bias).__name__}")
         bias = dict(logit_bias or {})
-        _capacity("logit_bias", len(bias), a["logit_bias_ids"], 1, "max_logit_bias")
-        bias_ids = _ids("logit_bias", list(bias), V)
-        bias_values = [_finite(f"logit_bias[{t}]", bias[t]) for t in bias]
+        check_capacity("logit_bias", len(bias), a["logit_bias_ids"], 1, "max_logit_bias")
+        bias_ids = check_token_list("logit_bias", list(bias), V)
+        bias_values = [check_real_f32(f"logit_bias[{t}]", bias[t]) for t in bias]
         if allowed_token_ids is not None:
             if a["allowed_token_mask"] is None:
                 raise ValueError("allowed_token_ids needs a state built with allowed_tokens=True")
-            allowed = _ids("allowed_token_ids", allowed_token_ids, V)
+            allowed = check_token_list("allowed_token_ids", allowed_token_ids, V)
             if not allowed:
                 raise ValueError("allowed_token_ids must not be empty (None: every token)")
-        words = [_ids("bad_words", w, V) for w in _listed("bad_words", bad_words)]
-        _capacity("bad_words", len(words), a["bad_word_ids"], 1, "max_bad_words")
+        words = [check_token_list("bad_words", w, V)
+                 for w in check_sequence("bad_words", bad_words)]  # fmt: skip
+        check_capacity("bad_words", len(words), a["bad_word_ids"], 1, "max_bad_words")
         for w in words:
             if not w:
                 raise ValueError("bad_words must not hold an empty word")
-            _capacity("a bad word", len(w), a["bad_word_ids"], 2, "max_bad_word_tokens")
+            check_capacity("a bad word", len(w), a["bad_word_ids"], 2, "max_bad_word_tokens")
         min_tokens = check_int("min_tokens", min_tokens, min_value=0, max_value=_INT32_MAX)
-        stops = _ids("stop_token_ids", stop_token_ids, V)
+        stops = check_token_list("stop_token_ids", stop_token_ids, V)
         if min_tokens and a["min_tokens"] is None:
             raise ValueError("min_tokens needs a state built with max_stop_tokens >= 1")
         if a["min_tokens"] is not None:  # (without min_tokens the stop tokens do nothing)
-            _capacity("stop_token_ids", len(stops), a["stop_token_ids"], 1, "max_stop_tokens")
+            check_capacity("stop_token_ids", len(stops), a["stop_token_ids"], 1, "max_stop_tokens")
 
         # checked: write the row (numpy: no torch op per entry)
         a["repetition_penalty"][row], a["frequency_penalty"][row] = rp, fp
@@ -342,37 +345,6 @@ class ProcessingState:
         p = {n: None if t is None else t.index_select(0, rows) for n, t in self._tensors.items()}
         return LogitsProcessing(token_ids, num_tokens, num_prompt, req_indices,
                                 grammar_mask=grammar_mask, **p)  # fmt: skip
-
-
-def _finite(name: str, v) -> float:
-    """``v`` as the float32 the state keeps: a real number, finite in float32."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise ValueError(f"{name} must be a finite number, got {v!r}")
-    with np.errstate(over="ignore"):
-        x = np.float32(float(v)) if abs(v) <= FLOAT32_MAX else np.float32(np.inf)
-    if not abs(x) <= FLOAT32_MAX:
-        raise ValueError(f"{name} must be finite in float32, got {v!r}")
-    return float(x)
-
-
-def _listed(name: str, values) -> list:
-    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
-        raise ValueError(f"{name} must be a sequence, got {type(values).__name__}")
-    return list(values)
-
-
-def _ids(name: str, ids, V: int) -> list[int]:
-    out = _listed(name, ids)
-    for t in out:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < V:
-            raise ValueError(f"{name} must hold token ids in [0, V = {V}), got {t!r}")
-    return [int(t) for t in out]
-
-
-def _capacity(name: str, n: int, array, axis: int, option: str) -> None:
-    cap = 0 if array is None else array.shape[axis]
-    if n > cap:
-        raise ValueError(f"{name} has {n} entries, more than the state's {option} = {cap}")
 
 
 def verify_fused_cpu(kwargs, processing, proc, proc_checks, value_checks):
