@@ -120,7 +120,7 @@ def i32(x) -> torch.Tensor:
 def small_state(**kw) -> ProcessingState:
     tokens = torch.zeros(2, 4, dtype=I32)
     args = dict(vocab_size=8, max_logit_bias=2, max_bad_words=1, max_bad_word_tokens=2,
-                max_stop_tokens=1, allowed_tokens=True)  # fmt: skip
+                max_stop_tokens=1, allowed_tokens=True, keep_counts=True)  # fmt: skip
     args.update(kw)
     return ProcessingState(tokens, i32([1, 1]), i32([0, 0]), **args)
 
@@ -155,12 +155,13 @@ def test_set_request_refuses_bad_parameters_and_writes_nothing(kw, match):
     state = small_state()
     state.set_request(0, repetition_penalty=1.5, logit_bias={4: 1.0}, bad_words=[[1, 2]],
                       min_tokens=2, stop_token_ids=[3], allowed_token_ids=[1, 4])  # fmt: skip
-    before = {n: None if x is None else x.copy() for n, x in state._arrays.items()}
+    arrays = {**state._arrays, "counts": state._counts[0], "upto": state._counts[1]}
+    before = {n: None if x is None else x.copy() for n, x in arrays.items()}
     kw = dict(kw)
     row = kw.pop("row", 0)
     with pytest.raises(ValueError, match=match):
         state.set_request(row, **{"logit_bias": {5: 2.0}, **kw})  # a change refused
-    for n, x in state._arrays.items():
+    for n, x in arrays.items():
         assert (x is None and before[n] is None) or np.array_equal(x, before[n]), n
 
 
@@ -369,3 +370,89 @@ def test_kept_counts_move_with_their_request_and_stay_on_the_cpu():
     with pytest.raises(ValueError, match="keep_counts is for a CPU token buffer"):
         lengths = torch.zeros(2, dtype=I32, device="meta")
         ProcessingState(meta, lengths, lengths, vocab_size=4, keep_counts=True)
+
+
+def two_ways(tokens, num_tokens, prompt, logits, drafts, cu, k, **params):
+    """Greedy tokens with and without kept counts (``params``: ``set_request``'s)."""
+    outs = []
+    for keep in (False, True):
+        state = ProcessingState(tokens, i32(num_tokens), i32(prompt), vocab_size=logits.shape[1],
+                                max_logit_bias=1, keep_counts=keep)  # fmt: skip
+        state.set_request(0, **params)
+        out = rejection_sample(logits, i32(drafts), i32(cu), num_speculative_tokens=k,
+                               processing=state.batch())  # fmt: skip
+        outs.append(out.output_token_ids.tolist())
+    return outs
+
+
+def test_kept_counts_add_the_drafts_before_the_row():
+    # row 1 counts d_0 = 5 (accepted): 3 - 10 < 2, so 6; without the draft, 5 again
+    logits = torch.zeros(3, 8)
+    logits[0, 5] = 4.0
+    logits[1, 5], logits[1, 6] = 3.0, 2.0
+    tokens = torch.tensor([[0, 1, 0, 0]], dtype=I32)
+    outs = two_ways(tokens, [2], [1], logits, [5, 6], [0, 2], 2, frequency_penalty=10.0)
+    assert outs == [[[5, 6, 0]]] * 2
+
+
+def test_kept_counts_are_not_added_twice_after_the_shortcut_falls_back():
+    # row 0's argmax 5 is a bias id: the row is processed in full, the history (4 L >= V:
+    # kept) and d_0 counted; row 1's 3 (4 output occurrences): 10 - 4 = 6.0 > 5.5
+    V = 20
+    tokens = torch.zeros(1, 8, dtype=I32)
+    tokens[0, :5] = torch.tensor([7, 3, 3, 3, 3])
+    logits = torch.zeros(3, V)
+    logits[0, 5] = 10.0
+    logits[1, 3], logits[1, 9] = 10.0, 5.5
+    outs = two_ways(tokens, [5], [1], logits, [5, 1], [0, 2], 2, frequency_penalty=1.0,
+                    logit_bias={5: 0.0})  # fmt: skip
+    assert outs == [[[5, 3, -1]]] * 2
+
+
+def kept_state(tokens, num_tokens, prompt, V=8):
+    state = ProcessingState(tokens, num_tokens, prompt, vocab_size=V, keep_counts=True)
+    state.set_request(0, frequency_penalty=10.0)
+    return state
+
+
+def greedy_token(state, V=8, logits=None):
+    logits = torch.arange(V, dtype=torch.float32)[None] if logits is None else logits
+    out = rejection_sample(logits, i32([]), i32([0, 0]), num_speculative_tokens=0,
+                           processing=state.batch())  # fmt: skip
+    return out.output_token_ids.item()
+
+
+@pytest.mark.parametrize("change", ["new request", "prompt length", "rolled back"])
+def test_kept_counts_are_counted_anew_when_the_row_changes(change):
+    tokens = torch.tensor([[0, 7, 7, 7, 0, 0]], dtype=I32)
+    num_tokens, prompt = i32([4]), i32([1])
+    state = kept_state(tokens, num_tokens, prompt)
+    assert greedy_token(state) == 6  # 7 seen 3 times
+    if change == "new request":  # same prompt length, a longer history, set_request
+        tokens[0] = torch.tensor([0, 6, 6, 1, 2, 3], dtype=I32)
+        num_tokens[0] = 6
+        state.set_request(0, frequency_penalty=10.0)
+    elif change == "prompt length":  # the whole row as the prompt: nothing is output
+        prompt[0] = 4
+    else:  # rolled back, read by a call while shorter, then other tokens committed
+        num_tokens[0] = 1
+        assert greedy_token(state) == 7
+        tokens[0, 1:4] = torch.tensor([6, 6, 6], dtype=I32)
+        num_tokens[0] = 4
+    gathered = state.batch().logits_processing(1)
+    want = rejection_sample(torch.arange(8, dtype=torch.float32)[None], i32([]), i32([0, 0]),
+                            num_speculative_tokens=0, processing=gathered)  # fmt: skip
+    assert greedy_token(state) == want.output_token_ids.item()
+    assert greedy_token(state) == {"new request": 7, "prompt length": 7, "rolled back": 7}[change]
+
+
+def test_a_refused_call_leaves_the_kept_counts_as_they_were():
+    tokens = torch.tensor([[0, 7, 7, 7]], dtype=I32)
+    state = kept_state(tokens, i32([4]), i32([1]))
+    greedy_token(state)
+    before = [x.copy() for x in state._counts]
+    tokens[0, 3] = 5  # (as if appended: the count is not redone)
+    with pytest.raises(ValueError):
+        rejection_sample(torch.zeros(1, 8), i32([]), i32([1, 1]), num_speculative_tokens=0,
+                         processing=state.batch())  # fmt: skip
+    assert all(np.array_equal(x, y) for x, y in zip(state._counts, before, strict=True))

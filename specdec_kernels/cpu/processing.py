@@ -183,18 +183,19 @@ NONE_TENSORS = (
 @jit
 def sync_counts(pt, B, V):
     """A ``ProcessingState``'s kept history counts (``pt``'s ``kept_counts``) brought up
-    to date for the batch's state rows: each row counts its tokens from where its last
-    count ended to ``num_tokens`` (O(new tokens)); a row whose history got shorter or whose
-    prompt length changed since (a new request, or ``set_request``: ``kept_upto = -1``) is
-    zeroed and counted from the start (O(V + history)). Memory-safe for any values (lengths
-    clamped as :func:`processing_rows.request_start` clamps them)."""
+    to date for the batch's state rows with a penalty on: each row counts its tokens from
+    where its last count ended to ``num_tokens`` (O(new tokens)); a row whose history got
+    shorter or whose prompt length changed since (a new request, or ``set_request``:
+    ``kept_upto = -1``) is zeroed and counted from the start (O(V + history)).
+    Memory-safe for any values (lengths clamped as :func:`processing_rows.request_start`
+    clamps them)."""
     token_ids, num_tokens, num_prompt, req, has_req = pt[0], pt[1], pt[2], pt[3], pt[4]
-    counts, upto = pt[20], pt[21]
+    counts, upto, rp, fp, pp = pt[20], pt[21], pt[5], pt[6], pt[7]
     R, L_max = token_ids.shape
     for b in range(B):
         r = req[b] if has_req else b
-        if r < 0 or r >= R:
-            continue
+        if r < 0 or r >= R or (rp[r] == 1.0 and fp[r] == 0.0 and pp[r] == 0.0):
+            continue  # (no penalty reads them: set_request counts anew once one is set)
         L = min(max(num_tokens[r], 0), L_max)
         P = min(max(num_prompt[r], 0), L)
         start = upto[r, 0]
