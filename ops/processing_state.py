@@ -79,10 +79,13 @@ class ProcessingState:
     allowed_tokens : bool
         Keep an allowed-token set per request.
     keep_counts : bool
-        CPU: keep each row's history counts (int32 ``[R, V]``), brought up to date at each
-        verify call from the tokens appended since, so a greedy row's penalty checks need
-        no pass over the history. Requires that a row's tokens below ``num_tokens`` change
-        only when the row gets a new request, and that :meth:`set_request` is called then.
+        CPU: keep each row's history counts (int32 ``[R, V]``: ``4 R V`` bytes), brought up
+        to date at each one-kernel verify call from the tokens appended since, so a greedy
+        row's penalty checks need no pass over the history, nor does a sampled or logprobs
+        row's processing for histories of at least ``V / 2`` tokens. Requires that a row's
+        tokens below ``num_tokens`` change only when the row gets a new request, with
+        :meth:`set_request` then, and :meth:`move_request` when a request moves; one
+        verify call at a time per state.
 
     Raises
     ------

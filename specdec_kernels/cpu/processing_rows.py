@@ -109,12 +109,11 @@ def history_kept(pt, L):
     """Whether a request with ``L`` history tokens takes its history counts from a
     ``ProcessingState``'s kept counts (``pt``'s ``has_kept``) where a row is processed in
     full: then :func:`count_upto` leaves the history out and :func:`process_row` applies
-    the penalties in one O(V) pass. Only for histories of at least ``V / 4`` tokens: a
+    the penalties in one O(V) pass. Only for histories of at least ``V / 2`` tokens: a
     shorter one is cheaper to count (O(L) once per request, O(distinct tokens) per row)
-    than a pass over ``V`` per row (at V = 151936 and 1k histories the pass measured 1.24x
-    the count in a sampled verify call). The greedy shortcut reads the kept counts either
-    way."""
-    return pt[22] and 4 * L >= pt[20].shape[1]
+    than a pass over ``V`` per row (design.md, "Kept counts", has the measurements). The
+    greedy shortcut reads the kept counts either way."""
+    return pt[22] and 2 * L >= pt[20].shape[1]
 
 
 @jit
