@@ -395,10 +395,11 @@ def test_kept_counts_add_the_drafts_before_the_row():
     assert outs == [[[5, 6, 0]]] * 2
 
 
-def test_kept_counts_are_not_added_twice_after_the_shortcut_falls_back():
-    # row 0's argmax 5 is a bias id: the row is processed in full, the history (4 L >= V:
-    # kept) and d_0 counted; row 1's 3 (4 output occurrences): 10 - 4 = 6.0 > 5.5
-    V = 20
+@pytest.mark.parametrize("V", [10, 20], ids=["history-kept", "history-counted"])
+def test_kept_counts_are_not_added_twice_after_the_shortcut_falls_back(V):
+    # row 0's argmax 5 is a bias id: the row is processed in full, d_0 counted and the
+    # history too where it is short (2 L < V: counted per call, not kept); row 1's 3
+    # (4 output occurrences): 10 - 4 = 6.0 > 5.5
     tokens = torch.zeros(1, 8, dtype=I32)
     tokens[0, :5] = torch.tensor([7, 3, 3, 3, 3])
     logits = torch.zeros(3, V)
