@@ -94,24 +94,21 @@ def _count_of(pt, r, L, P, pen, counted, counts, drafts, lo, j, t):
     if counted:  # (the history's counts kept: ``counts`` holds the drafts alone)
         return counts[t] + (pt[20][r, t] if history_kept(pt, L) else np.int32(0))
     if pt[22]:
-        n = pt[20][r, t]
-        for q in range(j):
-            f = lo + q
-            if 0 <= f < drafts.shape[0] and drafts[f] == t:
-                n += 1
-        return np.int32(n)
-    prompt, output = pt[0][r, :P], pt[0][r, P:L]  # (loops from 0: one from P measured
-    in_prompt = 0  # 2.7x slower alone, 4x in the op: not vectorised)
-    for i in range(prompt.shape[0]):
-        in_prompt += prompt[i] == t
-    n = 0
-    for i in range(output.shape[0]):
-        n += output[i] == t
+        n = np.int64(pt[20][r, t])  # the history's (its prompt bit included)
+    else:
+        prompt, output = pt[0][r, :P], pt[0][r, P:L]  # (loops from 0: one from P measured
+        in_prompt = 0  # 2.7x slower alone, 4x in the op: not vectorised)
+        for i in range(prompt.shape[0]):
+            in_prompt += prompt[i] == t
+        n = np.int64(0)
+        for i in range(output.shape[0]):
+            n += output[i] == t
+        n |= PROMPT_BIT if in_prompt > 0 else np.int32(0)
     for q in range(j):
         f = lo + q
         if 0 <= f < drafts.shape[0] and drafts[f] == t:
             n += 1
-    return np.int32(n) | (PROMPT_BIT if in_prompt > 0 else np.int32(0))
+    return np.int32(n)
 
 
 @jit

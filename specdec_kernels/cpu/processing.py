@@ -37,6 +37,7 @@ from specdec_kernels.cpu.processing_rows import (
     PROMPT_BIT,
     copy_row,
     count_draft,
+    penalties_on,
     process_row,
     request_end,
     request_start,
@@ -190,11 +191,11 @@ def sync_counts(pt, B, V):
     Memory-safe for any values (lengths clamped as :func:`processing_rows.request_start`
     clamps them)."""
     token_ids, num_tokens, num_prompt, req, has_req = pt[0], pt[1], pt[2], pt[3], pt[4]
-    counts, upto, rp, fp, pp = pt[20], pt[21], pt[5], pt[6], pt[7]
+    counts, upto = pt[20], pt[21]
     R, L_max = token_ids.shape
     for b in range(B):
         r = req[b] if has_req else b
-        if r < 0 or r >= R or (rp[r] == 1.0 and fp[r] == 0.0 and pp[r] == 0.0):
+        if r < 0 or r >= R or not penalties_on(pt, r):
             continue  # (no penalty reads them: set_request counts anew once one is set)
         L = min(max(num_tokens[r], 0), L_max)
         P = min(max(num_prompt[r], 0), L)

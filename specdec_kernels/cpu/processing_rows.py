@@ -81,6 +81,12 @@ def _past(drafts, lo, j, token_ids, r, L, q):
 
 
 @jit
+def penalties_on(pt, p):
+    """Whether parameter row ``p``'s penalties change anything (not 1, 0, 0)."""
+    return pt[5][p] != 1.0 or pt[6][p] != 0.0 or pt[7][p] != 0.0
+
+
+@jit
 def request_start(pt, b, V, counts, uniq, count):
     """Request ``b``'s processing state: ``(r, p, L, P, pen, nu)`` (its state row, -1 for
     padding; the row of its parameters, ``r`` where they are kept per state row (``pt``'s
@@ -89,7 +95,7 @@ def request_start(pt, b, V, counts, uniq, count):
     into ``counts`` / ``uniq``: its history if ``count`` and ``pen``, else none yet).
     ``pt``: the :data:`TENSORS` tuple."""
     token_ids, num_tokens, num_prompt, req, has_req = pt[0], pt[1], pt[2], pt[3], pt[4]
-    rp, fp, pp, has_pen = pt[5], pt[6], pt[7], pt[8]
+    has_pen = pt[8]
     R, L_max = token_ids.shape
     r = np.int64(req[b]) if has_req else np.int64(b)
     if r < 0 or r >= R:
@@ -97,7 +103,7 @@ def request_start(pt, b, V, counts, uniq, count):
     p = r if pt[19] else np.int64(b)
     L = np.int64(min(max(num_tokens[r], 0), L_max))
     P = np.int64(min(max(num_prompt[r], 0), L))
-    pen = has_pen and (rp[p] != 1.0 or fp[p] != 0.0 or pp[p] != 0.0)
+    pen = has_pen and penalties_on(pt, p)
     nu = np.int64(0)
     if pen and count:
         nu = count_upto(pt, r, L, P, V, counts, uniq, NONE_I32, 0, 0)
