@@ -10,6 +10,14 @@ beside SuffixDecoding's (ArcticInference 0.3.0, built by
 tree from the same documents. Then the cost of an append per token and of a propose (``k``
 drafts, factor 1) from the tail of every ``--stride``-th position of the stream against the
 whole store, for both; one thread, medians of ``--repeats`` runs.
+
+``--op-nodes 2C+1 1 0.5 ...`` measures the library's own corpus instead
+(``new_corpus(C, scoring="frequency", nodes=M)``, every document appended in batches of
+64, ``C`` the smallest budget that never rebuilds on slots: ``6/8 C`` >= the stream's
+slots): for each node budget ``M`` (``2C+1``, the exact default, or a fraction of ``C``),
+its allocated bytes per live corpus token (every tensor of the state, token ids
+included), the share of the stream still live (a short budget evicts), and the nodes a
+live token used, beside SuffixDecoding's RSS growth per token (``--repeats`` peer runs).
 """
 
 from __future__ import annotations
@@ -171,6 +179,41 @@ def per_document(docs, depth: int, structure: Structure) -> str:
     return " / ".join(f"{x:.2f}" for x in q)
 
 
+def op_memory(name: str, docs, depth: int, budgets: list[str], repeats: int) -> list[str]:
+    """Rows of the ``--op-nodes`` table for one stream (see the module docstring)."""
+    import torch
+
+    from specdec_kernels import ops
+    from specdec_kernels.reference.frequency_corpus import live_documents
+
+    tokens = sum(d.shape[0] for d in docs)
+    C = -(-8 * (tokens + len(docs)) // 6) + 8
+    sd = [peer(docs, [], depth, 1) for _ in range(repeats)]
+    sd_b = "n/a" if sd[0] is None else f"{np.median([r['rss'] for r in sd]) / tokens:.0f}"
+    width = max(d.shape[0] for d in docs)
+    rows = []
+    for budget in budgets:
+        M = 2 * C + 1 if budget == "2C+1" else int(float(budget) * C)
+        corpus = ops.new_corpus(C, min_n=1, max_n=depth, scoring="frequency", nodes=M)
+        nbytes = sum(t.nbytes for t in corpus[:7])
+        for i in range(0, len(docs), 64):
+            batch = docs[i : i + 64]
+            tok = torch.zeros((len(batch), width), dtype=torch.int32)
+            for r, d in enumerate(batch):
+                tok[r, : d.shape[0]] = torch.from_numpy(d)
+            lens = torch.tensor([d.shape[0] for d in batch], dtype=torch.int32)
+            ops.corpus_append(tok, lens, corpus=corpus)
+        live = sum(len(d) for d in live_documents(corpus[:7]))
+        used = int(corpus.num_nodes[int(corpus.state[0])]) - 1
+        rows.append(
+            f"| {name} | {tokens:,} | {C:,} | {budget if budget == '2C+1' else budget + ' C'} "
+            f"| {M:,} | {corpus.keys.shape[1]:,} | {live / tokens:.3f} | {used / max(live, 1):.2f} "
+            f"| {nbytes / max(live, 1):.0f} | {sd_b} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stream", nargs="+", default=["stdlib", "git", "botocore"])
@@ -184,7 +227,31 @@ def main(argv=None) -> int:
         "--per-document", action="store_true",
         help="only: entries per token of a store per document (a request's own history)",
     )  # fmt: skip
+    p.add_argument(
+        "--op-nodes",
+        nargs="+",
+        default=None,
+        help="the library's corpus at these node budgets: 2C+1 or fractions of C",
+    )
     args = p.parse_args(argv)
+    if args.op_nodes:
+        lines = [
+            f"the library's FrequencyCorpus, D = {args.depth}; SuffixDecoding: median RSS growth "
+            f"of {args.repeats} fresh processes building its tree from the same documents",
+            "",
+            "| stream | corpus tokens | C (slots) | node budget | M | S (table) | live share | "
+            "nodes / live token | op B / live token, allocated | SuffixDecoding RSS B / token |",
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name in args.stream:
+            docs = [np.asarray(pr + out, np.int32) for _, pr, out in stream(name)]
+            lines += op_memory(name, docs, args.depth, args.op_nodes, args.repeats)
+        text = "\n".join(lines) + "\n"
+        print(text)
+        if args.out is not None:
+            with open(args.out, "a") as f:
+                f.write(text + "\n")
+        return 0
     structure = STRUCTURES[args.structure]
     if args.per_document:
         for name in args.stream:

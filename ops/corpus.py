@@ -66,6 +66,7 @@ def new_corpus(
     max_n: int,
     index_slots: int | None = None,
     scoring: str = "longest",
+    nodes: int | None = None,
     device: torch.device | str | None = None,
 ) -> Corpus | FrequencyCorpus:
     """An empty shared corpus of ``capacity`` (``C``) tokens with ``index_slots`` (``H``) per n.
@@ -77,16 +78,21 @@ def new_corpus(
     ``scoring="frequency"`` (a :class:`FrequencyCorpus` for ``ngram_propose(...,
     scoring="frequency")``): a budget of ``C >= 8 (min_n + 2)`` slots (a document takes its
     tokens plus one), ``max_n`` the depth D; the oldest documents are evicted exactly, by
-    rebuilding;
-    two stores of ~(36 + 12 S / C) B a slot each (``S`` the trie's power-of-two table, ~2.7-5.3
-    C). Contract: ``docs/design.md``, "Frequency-scored drafting".
+    rebuilding. ``nodes`` (``M``, default ``2 C + 1``: never short) is each store's node
+    budget, in ``[16 (min_n + 2), 2 C + 1]``: a smaller one saves memory and, where the text
+    needs more than ``M`` nodes for its ``C`` slots, evicts earlier (and empties the corpus
+    if a store runs out). ``index_slots`` is then the tries' table size ``S``, a power of
+    two ``>= M`` (default: ``M - 1`` keys at most 3/4 full). Memory ``2 (4.5 C + 16 M + 12 S)
+    + 12 C`` bytes (~150-220 B a slot by default). Contract: ``docs/design.md``,
+    "Frequency-scored drafting".
 
     Raises
     ------
     ValueError
-        ``capacity < 1``, ``index_slots < 1``, a bad n range, an unknown ``scoring``; for
-        ``"frequency"``: ``capacity < 8 (min_n + 2)``, ``min_n >= max_n``, ``max_n >
-        FREQUENCY_MAX_DEPTH``, ``index_slots``.
+        ``capacity < 1``, ``index_slots < 1``, a bad n range, an unknown ``scoring``,
+        ``nodes`` with ``"longest"``; for ``"frequency"``: ``capacity < 8 (min_n + 2)``,
+        ``min_n >= max_n``, ``max_n > FREQUENCY_MAX_DEPTH``, ``nodes`` outside its range,
+        ``index_slots`` not a power of two ``>= nodes``.
 
     Examples
     --------
@@ -99,9 +105,14 @@ def new_corpus(
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     if scoring == "frequency":
+        if nodes is not None:
+            check_int("nodes", nodes, min_value=1)
         if index_slots is not None:
-            raise ValueError('index_slots sizes a corpus of scoring="longest" only')
-        return new_frequency_corpus(capacity, min_n=min_n, max_n=max_n, device=device)
+            check_int("index_slots", index_slots, min_value=1)
+        return new_frequency_corpus(capacity, min_n=min_n, max_n=max_n, nodes=nodes,
+                                    slots=index_slots, device=device)  # fmt: skip
+    if nodes is not None:
+        raise ValueError('nodes sizes a corpus of scoring="frequency" only')
     H = 4 * capacity if index_slots is None else check_int("index_slots", index_slots, min_value=1)
     N = max_n - min_n + 1
     return Corpus(

@@ -14,7 +14,11 @@ from typing import NamedTuple
 
 import torch
 
-from specdec_kernels.constants import FREQUENCY_CORPUS_STATE, FREQUENCY_MAX_DEPTH
+from specdec_kernels.constants import (
+    FREQUENCY_CORPUS_STATE,
+    FREQUENCY_MAX_DEPTH,
+    frequency_corpus_budget,
+)
 from specdec_kernels.cpu import frequency as _cpu
 from specdec_kernels.cpu import frequency_corpus as _cpu_corpus
 from specdec_kernels.ops._library import define, define_index_updates
@@ -52,13 +56,14 @@ class FrequencyCorpus(NamedTuple):
     one active (``new_corpus(..., scoring="frequency")``)."""
 
     tokens: torch.Tensor
-    """int32 ``[2, C + C // 8]``: each store's documents, back to back."""
+    """int32 ``[2, C + C // 8]``: each store's documents, back to back; ``C``, the budget in
+    slots, is read from here."""
     keys: torch.Tensor
     """int64 ``[2, S]``: each store's trie table (as :class:`FrequencyIndex`'s rows)."""
     vals: torch.Tensor
     """int32 ``[2, S]``."""
     nodes: torch.Tensor
-    """int32 ``[2, 4, 2 C + 1]``: each store's nodes; ``C``, the budget, is read from here."""
+    """int32 ``[2, 4, M]``: each store's nodes, ``M`` its node budget (``2 C + 1``: never short)."""
     num_nodes: torch.Tensor
     """int32 ``[2]``."""
     docs: torch.Tensor
@@ -117,9 +122,14 @@ def nodes_for(max_model_len: int) -> int:
 
 
 def slots_for(max_model_len: int) -> int:
-    """The default hash slots per row: the smallest power of two holding a full row's keys
-    (one a node but the root) at most 3/4 full."""
-    return 1 << max(4, math.ceil(math.log2(4 * (nodes_for(max_model_len) - 1) / 3)))
+    """The default hash slots per row: :func:`table_for` a full row's nodes."""
+    return table_for(nodes_for(max_model_len))
+
+
+def table_for(nodes: int) -> int:
+    """The smallest power of two holding the keys of ``nodes`` nodes (one a node but the
+    root) at most 3/4 full."""
+    return 1 << max(4, math.ceil(math.log2(4 * (nodes - 1) / 3)))
 
 
 def _new_nodes(tries: int, M: int, device) -> torch.Tensor:
@@ -219,7 +229,8 @@ def check_frequency_index(index: FrequencyIndex, token_ids: torch.Tensor) -> Fre
     return index
 
 
-def new_frequency_corpus(capacity: int, *, min_n: int, max_n: int, device) -> FrequencyCorpus:
+def new_frequency_corpus(capacity: int, *, min_n: int, max_n: int, nodes: int | None,
+                         slots: int | None, device) -> FrequencyCorpus:  # fmt: skip
     """``new_corpus(..., scoring="frequency")`` (checked there)."""
     if capacity < 8 * (min_n + 2):
         raise ValueError(
@@ -229,15 +240,17 @@ def new_frequency_corpus(capacity: int, *, min_n: int, max_n: int, device) -> Fr
         )
     check_depth(min_n, max_n)
     C = capacity
-    S = slots_for(C)
-    nodes = _new_nodes(2, 2 * C + 1, device)
+    M = 2 * C + 1 if nodes is None else nodes
+    _check_node_budget(M, C, min_n, "nodes")
+    S = table_for(M) if slots is None else slots
+    _check_table(S, M, "index_slots")
     docs = torch.full((C // 2 + 2, 3), -1, dtype=torch.int64, device=device)
     docs[:, 0] = 0
     return FrequencyCorpus(
         torch.zeros((2, C + C // 8), dtype=torch.int32, device=device),
         full((2, S), 0, dtype=torch.int64, device=device),
         torch.zeros((2, S), dtype=torch.int32, device=device),
-        nodes,
+        _new_nodes(2, M, device),
         torch.ones((2,), dtype=torch.int32, device=device),
         docs,
         torch.zeros((len(FREQUENCY_CORPUS_STATE),), dtype=torch.int64, device=device),
@@ -246,32 +259,54 @@ def new_frequency_corpus(capacity: int, *, min_n: int, max_n: int, device) -> Fr
     )
 
 
+def _check_node_budget(M: int, C: int, min_n: int, what: str) -> None:
+    lo = 16 * (min_n + 2)
+    if not lo <= M <= 2 * C + 1:
+        raise ValueError(
+            f"{what} (the node budget of each store) must be in [16 (min_n + 2), 2 C + 1] = "
+            f"[{lo}, {2 * C + 1}] (an empty store holds a piece; 2 C + 1 is never short), "
+            f"got {M}"
+        )
+
+
+def _check_table(S: int, M: int, what: str) -> None:
+    if S & (S - 1) or S < M:
+        raise ValueError(
+            f"{what} must be a power of two >= the node budget ({M}) so that a full store "
+            f"always leaves an empty slot, got {S}"
+        )
+
+
 def check_frequency_corpus(corpus: FrequencyCorpus, device: torch.device) -> FrequencyCorpus:
-    """A :class:`FrequencyCorpus` whose shapes agree with its budget ``C`` (from ``nodes``)."""
+    """A :class:`FrequencyCorpus` whose shapes agree with its budget ``C`` (from ``tokens``)
+    and its node budget ``M`` (from ``nodes``)."""
+    tokens = check_state_tensor("corpus.tokens", corpus.tokens, dtype=torch.int32, ndim=2,
+                                device=device)  # fmt: skip
+    C = frequency_corpus_budget(tokens.shape[1])
+    if tokens.shape[0] != 2 or C < 16 or tokens.shape[1] != C + C // 8:
+        raise ValueError(
+            f"corpus.tokens must have shape (2, C + C // 8) with C >= 16, got {tuple(tokens.shape)}"
+        )
+    check_n_range(corpus.min_n, corpus.max_n)
+    check_depth(corpus.min_n, corpus.max_n)
     nodes = check_state_tensor(
         "corpus.nodes", corpus.nodes, dtype=torch.int32, ndim=3, device=device
     )
-    if nodes.shape[0] != 2 or nodes.shape[1] != 4 or nodes.shape[2] < 33 or nodes.shape[2] % 2 == 0:
-        raise ValueError(
-            f"corpus.nodes must have shape (2, 4, 2 C + 1) with C >= 16, got {tuple(nodes.shape)}"
-        )
-    C = (nodes.shape[2] - 1) // 2
+    if nodes.shape[0] != 2 or nodes.shape[1] != 4:
+        raise ValueError(f"corpus.nodes must have shape (2, 4, M), got {tuple(nodes.shape)}")
+    M = nodes.shape[2]
+    _check_node_budget(M, C, corpus.min_n, "corpus.nodes.shape[2]")
     keys = check_state_tensor("corpus.keys", corpus.keys, dtype=torch.int64, ndim=2,
                               device=device)  # fmt: skip
-    shapes = {"tokens": ((2, C + C // 8), torch.int32), "keys": ((2, -1), torch.int64),
-              "vals": ((2, -1), torch.int32), "num_nodes": ((2,), torch.int32),
-              "docs": ((C // 2 + 2, 3), torch.int64),
+    shapes = {"keys": ((2, -1), torch.int64), "vals": ((2, -1), torch.int32),
+              "num_nodes": ((2,), torch.int32), "docs": ((C // 2 + 2, 3), torch.int64),
               "state": ((len(FREQUENCY_CORPUS_STATE),), torch.int64)}  # fmt: skip
     for name, (shape, dtype) in shapes.items():
         t = check_state_tensor(f"corpus.{name}", getattr(corpus, name), dtype=dtype,
                                ndim=len(shape), device=device)  # fmt: skip
         want = tuple(keys.shape[1] if n < 0 else n for n in shape)
         check_shape(f"corpus.{name}", t, want, f"a corpus of C = {C} slots")
-    S = keys.shape[1]
-    if S & (S - 1) or S < 2 * C + 1:
-        raise ValueError(f"corpus.keys must have a power of two >= 2 C + 1 slots, got {S}")
-    check_n_range(corpus.min_n, corpus.max_n)
-    check_depth(corpus.min_n, corpus.max_n)
+    _check_table(keys.shape[1], M, "corpus.keys.shape[1]")
     return corpus
 
 

@@ -76,6 +76,18 @@ FREQUENCY_CORPUS_WORK = 6
 """Slots a rebuilding corpus counts into its new store per slot added (``1 + (1 - 3r) / r``
 rounded up, at the slack ``r = 1/8``): it catches up before the live size passes ``C``."""
 
+
+def frequency_corpus_budget(token_slots: int) -> int:
+    """The budget ``C`` of a frequency corpus whose token arrays hold ``C + C // 8`` slots."""
+    return token_slots - token_slots // 9
+
+
+def frequency_corpus_piece(C: int, M: int) -> int:
+    """The longest piece a document enters a frequency corpus of ``C`` slots and ``M`` nodes
+    a store as: a store holds 8 of them, and an empty store's nodes hold one (2 a token)."""
+    return max(min(C // 8, M // 16) - 1, 1)
+
+
 __all__ = [
     "DRAFT_SOURCE_CORPUS",
     "DRAFT_SOURCE_NONE",
@@ -87,6 +99,8 @@ __all__ = [
     "FINISH_STOP",
     "FREQUENCY_CORPUS_STATE",
     "FREQUENCY_CORPUS_WORK",
+    "frequency_corpus_budget",
+    "frequency_corpus_piece",
     "FREQUENCY_MAX_DEPTH",
     "PAD_SLOT",
     "PLACEHOLDER",

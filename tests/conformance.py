@@ -151,11 +151,13 @@ def _frequency_index(tok, nt, lens=None):
 FREQ_DOCS = [[9, 1, 9, 1, 9, 3], [1, 2, 3, 1, 2, 3, 1], [5, 5, 6], [7, 8, 9, 7, 8], [4, 4]]
 
 
-def _frequency_corpus(capacity=24):
+def _frequency_corpus(capacity=24, nodes=None):
     """A corpus of 24 slots (pieces of 2 tokens) that has rebuilt and evicted already."""
-    corpus = ops.new_corpus(capacity, min_n=1, max_n=FREQ_D, scoring="frequency")
+    corpus = ops.new_corpus(capacity, min_n=1, max_n=FREQ_D, scoring="frequency", nodes=nodes)
     docs, lens = history(FREQ_DOCS, 7)
     ops.corpus_append(docs, lens, corpus=corpus)
+    if nodes is not None:  # text of distinct tokens: a rebuild starts on nodes
+        ops.corpus_append(*history([list(range(10, 30))], 20), corpus=corpus)
     return corpus
 
 
@@ -198,8 +200,8 @@ def _frequency_index_args(*, extend: bool) -> dict:
                 max_n=FREQ_D)  # fmt: skip
 
 
-def _frequency_corpus_args(*, capacity: int, req) -> dict:
-    corpus = _frequency_corpus(capacity)
+def _frequency_corpus_args(*, capacity: int, req, nodes=None) -> dict:
+    corpus = _frequency_corpus(capacity, nodes)
     docs, lens = history([[3, 1, 2, 3, 1, 2, 3], [6, 6, 6, 6], [2, 9]], 7)
     return dict(doc_tokens=docs, doc_lens=lens, req_indices=req, corpus=list(corpus[:7]),
                 min_n=1, max_n=FREQ_D)  # fmt: skip
@@ -561,11 +563,15 @@ CASES: list[OpCase] = [
         OpCase(
             "frequency_corpus_append",
             name,
-            lambda c=c, req=req: _frequency_corpus_args(capacity=c, req=req),
+            lambda c=c, req=req, m=m: _frequency_corpus_args(capacity=c, req=req, nodes=m),
             _frequency_corpus_public,
             ("corpus",),
         )  # fmt: skip
-        for name, c, req in (("rebuilds", 24, None), ("padding", 64, i32([2, -1, 0])))
+        for name, c, req, m in (
+            ("rebuilds", 24, None, None),
+            ("padding", 64, i32([2, -1, 0]), None),
+            ("short-of-nodes", 256, None, 48),
+        )  # fmt: skip
     ),
     *(
         OpCase(

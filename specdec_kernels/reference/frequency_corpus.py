@@ -3,8 +3,9 @@
 The state's layout is part of the contract (``docs/design.md``, "Frequency-scored
 drafting"), so this fills it with the same sequential rules as the fast paths, on Python
 lists: a budget of ``C`` slots, two stores, the rebuild that evicts the oldest documents
-exactly. Proposals from the corpus (``reference/frequency.py``) count occurrences in the
-live documents (:func:`live_documents`), independent of the tries.
+exactly, and the node budget's early rebuild and emptying. Proposals from the corpus
+(``reference/frequency.py``) count occurrences in the live documents
+(:func:`live_documents`), independent of the tries.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 
 from specdec_kernels.constants import FREQUENCY_CORPUS_STATE as FIELDS
 from specdec_kernels.constants import FREQUENCY_CORPUS_WORK as WORK
+from specdec_kernels.constants import frequency_corpus_budget, frequency_corpus_piece
 from specdec_kernels.reference.frequency import _Trie
 
 F = {name: i for i, name in enumerate(FIELDS)}
@@ -22,7 +24,7 @@ class _Corpus:
     def __init__(self, corpus, D):
         tokens, keys, vals, nodes, used, docs, state = corpus
         self.tensors, self.D = corpus, D
-        self.C = (nodes.shape[2] - 1) // 2
+        self.C, self.M = frequency_corpus_budget(tokens.shape[1]), nodes.shape[2]
         self.tokens = tokens.tolist()
         self.docs = docs.tolist()
         self.st = state.tolist()
@@ -36,15 +38,19 @@ class _Corpus:
         docs.copy_(torch.tensor(self.docs, dtype=torch.int64))
         state.copy_(torch.tensor(self.st, dtype=torch.int64))
 
-    def _count(self, s, p, Dp):
+    def _count(self, s, p, Dp) -> int:
+        """Count position ``p`` into store ``s``; 1 if the store has no room for 2 nodes."""
         trie = self.tries[s]
+        if trie.used > self.M - 2:
+            return 1
         trie.seq = self.tokens[s]
         path = [0] * (Dp + 2)
         trie.insert(p, Dp, path)
         trie.walk_previous(p, Dp, path)
+        return 0
 
-    def _count_into(self, a, b, slots):
-        st, Q = self.st, len(self.docs)
+    def _count_into(self, a, b, slots) -> int:
+        st, Q, lost = self.st, len(self.docs), 0
         while st[F["next_doc"]] != st[F["tail"]] and slots > 0:
             q = st[F["next_doc"]]
             doc = self.docs[q]
@@ -58,22 +64,27 @@ class _Corpus:
             end = min(n, off + max(slots, 0))
             for o in range(off, end):
                 self.tokens[b][doc[1 + b] + o] = self.tokens[a][doc[1 + a] + o]
-                self._count(b, doc[1 + b] + o, min(o + 1, self.D))
+                lost += self._count(b, doc[1 + b] + o, min(o + 1, self.D))
             slots -= end - off
             st[F["next_offset"]] = end
             if end == n:
                 st[F["new_size"]] += n + 1
                 st[F["next_doc"]] = (q + 1) % Q
                 st[F["next_offset"]] = -1
+        return lost
 
     def _maybe_rebuild(self):
-        st, Q, C = self.st, len(self.docs), self.C
-        if st[F["rebuilding"]] or 8 * st[F["size"]] <= 6 * C:
+        st, Q, C, M = self.st, len(self.docs), self.C, self.M
+        used = max(self.tries[st[F["active"]]].used, 1)
+        if st[F["rebuilding"]] or (8 * st[F["size"]] <= 6 * C and 8 * used <= 6 * M):
             return
         q, total = st[F["tail"]], 0
-        while q != st[F["head"]]:  # the newest documents that fit in 5/8 C survive
+        budget = 5 * C  # by slots: 5/8 C; by nodes: the slots 4/8 M nodes hold (<= 5/8 C)
+        if 8 * st[F["size"]] <= 6 * C:
+            budget = min(5 * C, 4 * (M * st[F["size"]] // used))
+        while q != st[F["head"]]:  # the newest documents that fit in budget / 8 survive
             prev = (q - 1) % Q
-            if 8 * (total + self.docs[prev][0] + 1) > 5 * C:
+            if 8 * (total + self.docs[prev][0] + 1) > budget:
                 break
             total += self.docs[prev][0] + 1
             q = prev
@@ -81,6 +92,18 @@ class _Corpus:
         st[F["next_offset"]], st[F["new_size"]] = -1, 0
 
     def add_piece(self, piece):
+        """A store out of nodes for the piece empties the corpus; the piece starts it."""
+        q = self.st[F["tail"]]
+        if self._try_piece(piece):
+            for trie in self.tries:
+                trie.keys = [0] * len(trie.keys)
+                trie.used = 1
+            for f in ("size", "rebuilding", "reserved0", "reserved1"):
+                self.st[F[f]] = 0
+            self.st[F["head"]] = self.st[F["tail"]] = q
+            self._try_piece(piece)
+
+    def _try_piece(self, piece) -> int:
         st, Q, n = self.st, len(self.docs), len(piece)
         a = st[F["active"]]
         b = 1 - a
@@ -88,8 +111,9 @@ class _Corpus:
         self.tokens[a][pa : pa + n] = piece
         self.docs[q][0], self.docs[q][1 + a], self.docs[q][1 + b] = n, pa, -1
         st[F["tail"]] = (q + 1) % Q
+        lost = 0
         if st[F["rebuilding"]]:
-            self._count_into(a, b, WORK * (n + 1))
+            lost = self._count_into(a, b, WORK * (n + 1))
             if st[F["next_doc"]] == st[F["tail"]]:  # caught up: swap, the older ones leave
                 st[F["active"]], st[F["head"]] = b, st[F["first_survivor"]]
                 st[F["size"]], st[F["rebuilding"]] = st[F["new_size"]], 0
@@ -98,18 +122,20 @@ class _Corpus:
                 trie.used = 1
                 st[F["reserved0"] + a] = 0
                 self._maybe_rebuild()
-                return
+                return lost
         st[F["reserved0"] + a] = pa + n
         for o in range(n):
-            self._count(a, pa + o, min(o + 1, self.D))
+            lost += self._count(a, pa + o, min(o + 1, self.D))
         st[F["size"]] += n + 1
         self._maybe_rebuild()
+        return lost
 
 
 def frequency_corpus_append(doc_tokens, doc_lens, req_indices, corpus, *, min_n, max_n):
-    """Append one document per batch row, as pieces of at most ``C // 8 - 1`` tokens."""
+    """Append one document per batch row, as pieces of at most ``min(C // 8, M // 16) - 1``
+    tokens."""
     c = _Corpus(corpus, max_n)
-    piece = max(c.C // 8 - 1, 1)
+    piece = frequency_corpus_piece(c.C, c.M)
     rows = range(doc_lens.shape[0]) if req_indices is None else req_indices.tolist()
     for r in rows:
         if r < 0:
