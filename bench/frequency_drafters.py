@@ -269,6 +269,24 @@ class FrequencyOp:
             self.ops.corpus_append(doc, t.tensor([h.shape[0]], dtype=t.int32), corpus=self.corpus)
 
 
+class TrieOracle(Trie):
+    """Not a drafter: ``frequency_trie.oracle``, the upper bound of every rule that drafts
+    one match length's chain of most frequent continuations (it reads the truth, ``h[n:]``):
+    the own history's, and with a shared store the corpus's too (the better of the two)."""
+
+    def _draft(self, store, h, n, k):
+        t = ft.oracle(*store, h, n, self.D, k, h[n:], self.out)
+        return self.out[:t].tolist(), 0.0
+
+    def propose(self, s, h, n, k):
+        own = self._draft(self.own[s], h, n, k)[0]
+        if not self.shared:
+            return own
+        shared = self._draft(self.glob, h, n, k)[0]
+        better = accepted(shared, h, n, h.shape[0]) > accepted(own, h, n, h.shape[0])
+        return shared if better else own
+
+
 def accepted(draft, h, n: int, n1: int) -> int:
     """How many leading tokens of ``draft`` equal the committed ``h[n:n1]``."""
     a = 0

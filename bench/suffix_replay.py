@@ -22,6 +22,10 @@ then every one commits. Reported: tokens per step (output tokens / decode steps)
 - ``compact``, ``trie`` (with ``--drafters``): the prototype's drafts from the compact
   structure and from the path-compressed trie (``bench/baselines/frequency_*.py``);
   ``budget``: the trie with its finished store under each ``--corpus-budget``;
+- ``oracle`` (with ``--drafters``): not a drafter but a bound: per step, of every match
+  length's chain of most frequent continuations (no length cap, no ``min_token_prob``),
+  the one the truth accepts most of (``frequency_trie.oracle``); no rule that drafts one
+  such chain, whatever its parameters, does better;
 
 each with its own history only and with earlier requests, in two store settings:
 ``native`` (SuffixDecoding's: every request's response, growing live) and ``finished``
@@ -52,6 +56,7 @@ from bench.frequency_drafters import (  # noqa: E402
     Trie,
     TrieBudget,
     TrieGenerations,
+    TrieOracle,
     accepted,
 )
 from bench.streams import BOTOCORE, botocore_requests  # noqa: E402
@@ -243,7 +248,7 @@ def main(argv=None) -> int:
         name = f"code edits, git {DEFAULT_COMMITS}"
     chosen = set(args.drafters.split(","))
     known = {"longest", "suffix", "frequency", "adaptive", "compact", "trie", "budget", "op",
-             "generations"}  # fmt: skip
+             "generations", "oracle"}  # fmt: skip
     if chosen - known:
         p.error(f"unknown drafters {sorted(chosen - known)}")
     drafters = [("longest", Longest, {})] if "longest" in chosen else []
@@ -282,6 +287,8 @@ def main(argv=None) -> int:
         ]  # fmt: skip
     if "adaptive" in chosen:
         drafters.append(("frequency adaptive", Adaptive, {"shared_positions": positions}))
+    if "oracle" in chosen:  # reads the truth: the bound of one-chain rules, not a drafter
+        drafters.append(("oracle over m (bound)", TrieOracle, {"shared_positions": positions}))
     tokens = sum(len(o) for _, _, o in reqs)
     lines = [
         f"### {name}: {len(reqs)} requests, {tokens} output tokens, batch {args.batch}",

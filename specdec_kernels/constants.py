@@ -78,7 +78,9 @@ rounded up, at the slack ``r = 1/8``): it catches up before the live size passes
 
 
 def frequency_corpus_budget(token_slots: int) -> int:
-    """The budget ``C`` of a frequency corpus whose token arrays hold ``C + C // 8`` slots."""
+    """The budget ``C`` of a frequency corpus whose token arrays hold ``C + C // 8`` slots
+    (the three paths' shared rule, not exported: ``docs/design.md``, "Frequency-scored
+    drafting")."""
     return token_slots - token_slots // 9
 
 
@@ -99,8 +101,6 @@ __all__ = [
     "FINISH_STOP",
     "FREQUENCY_CORPUS_STATE",
     "FREQUENCY_CORPUS_WORK",
-    "frequency_corpus_budget",
-    "frequency_corpus_piece",
     "FREQUENCY_MAX_DEPTH",
     "PAD_SLOT",
     "PLACEHOLDER",

@@ -603,3 +603,33 @@ def test_budget_corpus_keeps_its_own_copy_of_each_document():
     buf[0] = 5
     assert [p.tolist() for p in corpus.docs][-3:] == [[9], [9], [9]]
     assert all(p.tolist() != [5] for p in corpus.docs)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_oracle_accepts_at_least_what_the_rule_does_at_any_setting(seed):
+    """``frequency_trie.oracle`` is a per-step bound: from the same history, no setting of
+    the rule (factor, ``min_token_prob``) drafts a chain the truth accepts more of. The
+    truth is random, or half the time one setting's draft (which it then accepts whole)."""
+    rng = np.random.default_rng(3000 + seed)
+    V = int(rng.integers(1, 4))
+    docs = [rng.integers(0, V, int(rng.integers(1, 40))).tolist() for _ in range(seed % 3)]
+    seq = rng.integers(0, V, int(rng.integers(2, 60))).tolist()
+    D, k = int(rng.integers(2, 12)), int(rng.integers(1, 8))
+    truth = rng.integers(0, V, k).tolist()
+    if seed % 2:
+        factor, min_prob = float(rng.choice([0.5, 1.0, 4.0])), float(rng.choice([0.0, 0.4]))
+        draft = _brute_force(docs, seq, D, k, factor, min_prob)
+        truth = draft + truth[len(draft) :]
+    truth = np.asarray(truth, np.int32)
+    store = ft.new_store(12, 400, 801)
+    for d in [*docs, seq]:
+        d = np.asarray(d, np.int32)
+        ft.append(*store, d, 0, len(d), ft.reserve(store, len(d)), D)
+    hist, out = np.asarray(seq, np.int32), np.zeros(D, np.int32)
+    t = ft.oracle(*store, hist, len(seq), D, k, truth, out)
+    bound = suffix_replay.accepted(out[:t].tolist(), truth, 0, k)
+    for factor in (0.5, 1.0, 4.0, 64.0):
+        for min_prob in (0.0, 0.1, 0.4):
+            rule = _brute_force(docs, seq, D, k, factor, min_prob)
+            assert suffix_replay.accepted(rule, truth, 0, k) <= bound
+    assert t <= min(k, D - 1)

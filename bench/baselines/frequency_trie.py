@@ -252,3 +252,42 @@ def propose(keys, vals, nodes, toks, meta, hist, L, D, k, factor, min_prob, out,
             best_t, best_score = t, score
             out[:t] = tmp[:t]
     return best_t, best_score
+
+
+@numba.njit(cache=True)
+def oracle(keys, vals, nodes, toks, meta, hist, L, D, k, truth, out):
+    """An upper bound, not a drafter: of every match length's chain of most frequent
+    continuations, as long as ``k`` and ``D`` allow (no ``min_token_prob``, no length
+    cap), the one of which ``truth`` accepts the most drafts, into ``out``; returns its
+    length. Every rule that picks one match length's chain and stops it somewhere (the
+    issue's "frequency", whatever its parameters) accepts at most as many tokens."""
+    hi, pos, best = nodes[1], nodes[3], nodes[4]
+    best_acc, best_t = -1, 0
+    node = 0
+    for m in range(1, min(D, L)):
+        t_q = hist[L - m]
+        if m > hi[node]:
+            node = _find(keys, vals, node, t_q)
+            if node < 0:
+                break
+        elif toks[pos[node] - m + 1] != t_q:
+            break
+        if best[node] < 0:
+            break
+        n, t, acc, matching = node, 0, 0, True
+        while t < min(k, D - m):
+            x = best[n]
+            if x < 0:
+                break
+            tok = toks[pos[x]]
+            matching = matching and t < truth.shape[0] and truth[t] == tok
+            acc += matching
+            t += 1
+            n = x
+        if acc > best_acc:
+            best_acc, best_t = acc, t
+            n = node
+            for i in range(t):
+                n = best[n]
+                out[i] = toks[pos[n]]
+    return best_t
