@@ -246,12 +246,7 @@ def main(argv=None) -> int:
         for name in args.stream:
             docs = [np.asarray(pr + out, np.int32) for _, pr, out in stream(name)]
             lines += op_memory(name, docs, args.depth, args.op_nodes, args.repeats)
-        text = "\n".join(lines) + "\n"
-        print(text)
-        if args.out is not None:
-            with open(args.out, "a") as f:
-                f.write(text + "\n")
-        return 0
+        return emit(lines, args.out)
     structure = STRUCTURES[args.structure]
     if args.per_document:
         for name in args.stream:
@@ -301,10 +296,15 @@ def main(argv=None) -> int:
         )
         print(row, flush=True)
         lines.append(row)
+    return emit(lines, args.out)
+
+
+def emit(lines: list[str], out: Path | None) -> int:
+    """Print the table and append it to ``out`` if given."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out is not None:
-        with open(args.out, "a") as f:
+    if out is not None:
+        with open(out, "a") as f:
             f.write(text + "\n")
     return 0
 

@@ -217,23 +217,31 @@ def append(keys, vals, nodes, toks, meta, src, a, b, dst, D):
 
 
 @numba.njit(cache=True)
+def _context(keys, vals, nodes, toks, hist, L, m, node):
+    """The node of ``hist[L-m:L]`` from ``node``, that of ``hist[L-m+1:L]``; -1 where it
+    does not occur or has no continuation (then no longer context has one either)."""
+    t_q = hist[L - m]
+    if m > nodes[1, node]:
+        node = _find(keys, vals, node, t_q)
+        if node < 0:
+            return -1
+    elif toks[nodes[3, node] - m + 1] != t_q:
+        return -1
+    return node if nodes[4, node] >= 0 else -1
+
+
+@numba.njit(cache=True)
 def propose(keys, vals, nodes, toks, meta, hist, L, D, k, factor, min_prob, out, tmp):
     """The best-scoring draft for ``hist[:L]`` into ``out``: ``(length, score)``
     (``frequency_prototype.propose``'s semantics)."""
     if min(out.shape[0], tmp.shape[0]) < min(k, D):
         raise ValueError("frequency_trie: out and tmp must hold min(k, D) tokens")
-    cnt, hi, pos, best = nodes[0], nodes[1], nodes[3], nodes[4]
+    cnt, pos, best = nodes[0], nodes[3], nodes[4]
     best_t, best_score = 0, 0.0
     node = 0
     for m in range(1, min(D, L)):
-        t_q = hist[L - m]
-        if m > hi[node]:
-            node = _find(keys, vals, node, t_q)
-            if node < 0:
-                break
-        elif toks[pos[node] - m + 1] != t_q:
-            break
-        if best[node] < 0:  # no continuation, so none for longer contexts either
+        node = _context(keys, vals, nodes, toks, hist, L, m, node)
+        if node < 0:
             break
         max_len = min(k, int(m * factor + 1e-6), D - m)
         n, prob, score, t = node, 1.0, 0.0, 0
@@ -261,18 +269,12 @@ def oracle(keys, vals, nodes, toks, meta, hist, L, D, k, truth, out):
     cap), the one of which ``truth`` accepts the most drafts, into ``out``; returns its
     length. Every rule that picks one match length's chain and stops it somewhere (the
     issue's "frequency", whatever its parameters) accepts at most as many tokens."""
-    hi, pos, best = nodes[1], nodes[3], nodes[4]
+    pos, best = nodes[3], nodes[4]
     best_acc, best_t = -1, 0
     node = 0
     for m in range(1, min(D, L)):
-        t_q = hist[L - m]
-        if m > hi[node]:
-            node = _find(keys, vals, node, t_q)
-            if node < 0:
-                break
-        elif toks[pos[node] - m + 1] != t_q:
-            break
-        if best[node] < 0:
+        node = _context(keys, vals, nodes, toks, hist, L, m, node)
+        if node < 0:
             break
         n, t, acc, matching = node, 0, 0, True
         while t < min(k, D - m):
