@@ -174,8 +174,9 @@ def corpus_append(
     any text. When the ring is full, whole documents are evicted, oldest first. In place,
     no host synchronisation (``torch.ops.specdec.corpus_append``). Contract:
     ``docs/design.md``, "Shared corpus". On a ``FrequencyCorpus`` a document enters as
-    pieces of at most ``C // 8 - 1`` tokens and the oldest pieces leave, exactly, by the
-    rebuild that starts past ``6/8 C`` (op ``frequency_corpus_append``; contract:
+    pieces of at most ``min(C // 8, M // 16) - 1`` tokens and the oldest pieces leave,
+    exactly, by the rebuild that starts past ``6/8 C`` slots or ``6/8 M`` nodes (a store
+    out of nodes empties the corpus; op ``frequency_corpus_append``; contract:
     ``docs/design.md``, "Frequency-scored drafting").
 
     Parameters

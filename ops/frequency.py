@@ -180,11 +180,7 @@ def new_frequency_index(
     check_depth(min_n, max_n)
     M = nodes_for(max_model_len)
     S = slots_for(max_model_len) if slots is None else slots
-    if S & (S - 1) or S < M:
-        raise ValueError(
-            f"slots of a frequency index must be a power of two >= 2 * max_model_len + 1 "
-            f"({M}) so that a full row always leaves an empty slot, got {S}"
-        )
+    _check_table(S, M, "slots of a frequency index", "2 * max_model_len + 1")
     nodes = _new_nodes(num_rows, M, device)
     return FrequencyIndex(
         full((num_rows, S), 0, dtype=torch.int64, device=device),
@@ -235,7 +231,8 @@ def new_frequency_corpus(capacity: int, *, min_n: int, max_n: int, nodes: int | 
     if capacity < 8 * (min_n + 2):
         raise ValueError(
             f"capacity of a frequency corpus must be >= 8 (min_n + 2) = {8 * (min_n + 2)} slots "
-            f"(its pieces are C // 8 - 1 tokens: a context of min_n and a continuation), got "
+            f"(a piece of at most C // 8 - 1 tokens holds a context of min_n and a continuation), "
+            f"got "
             f"{capacity}"
         )
     check_depth(min_n, max_n)
@@ -243,7 +240,7 @@ def new_frequency_corpus(capacity: int, *, min_n: int, max_n: int, nodes: int | 
     M = 2 * C + 1 if nodes is None else nodes
     _check_node_budget(M, C, min_n, "nodes")
     S = table_for(M) if slots is None else slots
-    _check_table(S, M, "index_slots")
+    _check_table(S, M, "index_slots", "the node budget")
     docs = torch.full((C // 2 + 2, 3), -1, dtype=torch.int64, device=device)
     docs[:, 0] = 0
     return FrequencyCorpus(
@@ -269,11 +266,11 @@ def _check_node_budget(M: int, C: int, min_n: int, what: str) -> None:
         )
 
 
-def _check_table(S: int, M: int, what: str) -> None:
+def _check_table(S: int, M: int, what: str, bound: str) -> None:
     if S & (S - 1) or S < M:
         raise ValueError(
-            f"{what} must be a power of two >= the node budget ({M}) so that a full store "
-            f"always leaves an empty slot, got {S}"
+            f"{what} must be a power of two >= {bound} ({M}) so that a full trie always "
+            f"leaves an empty slot, got {S}"
         )
 
 
@@ -289,6 +286,11 @@ def check_frequency_corpus(corpus: FrequencyCorpus, device: torch.device) -> Fre
         )
     check_n_range(corpus.min_n, corpus.max_n)
     check_depth(corpus.min_n, corpus.max_n)
+    if C < 8 * (corpus.min_n + 2):
+        raise ValueError(
+            f"corpus.tokens holds a budget of C = {C} slots, below 8 (min_n + 2) = "
+            f"{8 * (corpus.min_n + 2)} for min_n = {corpus.min_n}"
+        )
     nodes = check_state_tensor(
         "corpus.nodes", corpus.nodes, dtype=torch.int32, ndim=3, device=device
     )
@@ -306,7 +308,7 @@ def check_frequency_corpus(corpus: FrequencyCorpus, device: torch.device) -> Fre
                                ndim=len(shape), device=device)  # fmt: skip
         want = tuple(keys.shape[1] if n < 0 else n for n in shape)
         check_shape(f"corpus.{name}", t, want, f"a corpus of C = {C} slots")
-    _check_table(keys.shape[1], M, "corpus.keys.shape[1]")
+    _check_table(keys.shape[1], M, "corpus.keys.shape[1]", "the node budget")
     return corpus
 
 

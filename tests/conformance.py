@@ -152,7 +152,8 @@ FREQ_DOCS = [[9, 1, 9, 1, 9, 3], [1, 2, 3, 1, 2, 3, 1], [5, 5, 6], [7, 8, 9, 7, 
 
 
 def _frequency_corpus(capacity=24, nodes=None):
-    """A corpus of 24 slots (pieces of 2 tokens) that has rebuilt and evicted already."""
+    """A corpus that has rebuilt and evicted already (24 slots: pieces of 2 tokens); with a
+    short node budget, one whose rebuild started on nodes."""
     corpus = ops.new_corpus(capacity, min_n=1, max_n=FREQ_D, scoring="frequency", nodes=nodes)
     docs, lens = history(FREQ_DOCS, 7)
     ops.corpus_append(docs, lens, corpus=corpus)

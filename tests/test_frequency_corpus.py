@@ -161,6 +161,7 @@ def test_each_call_costs_at_most_work_plus_one_appends_per_added_slot(monkeypatc
         assert len(counted) <= (1 + FREQUENCY_CORPUS_WORK) * added
     assert swaps > 3  # evictions happened
     # a short node budget: a piece that empties the corpus is counted once more
+    events = _count_events(monkeypatch)
     C, M = 1024, 144
     state = list(ops.new_corpus(C, min_n=1, max_n=4, scoring="frequency", nodes=M)[:7])
     for doc in _mixed_stream(0):
@@ -168,6 +169,7 @@ def test_each_call_costs_at_most_work_plus_one_appends_per_added_slot(monkeypatc
         _ref_corpus.frequency_corpus_append(*history([doc]), None, state, min_n=1, max_n=4)
         added = sum(len(p) + 1 for p in _pieces([(*history([doc]), None)], C, M))
         assert len(counted) <= (2 + FREQUENCY_CORPUS_WORK) * added
+    assert "emptied" in events
 
 
 def _mixed_stream(seed):
@@ -185,7 +187,8 @@ def _count_events(monkeypatch):
 
     def spy_try(self, piece):
         lost = try_piece(self, piece)
-        events.append("emptied") if lost else None
+        if lost:
+            events.append("emptied")
         return lost
 
     def spy_rebuild(self):
@@ -311,3 +314,34 @@ def test_malformed_corpus_and_rejected_calls_leave_it_unchanged():
     tok, nt = history([[1, 2]], width=3)
     with pytest.raises(ValueError, match="a FrequencyIndex or FrequencyCorpus serves"):
         ops.ngram_propose(tok, nt, min_n=1, max_n=4, num_speculative_tokens=2, corpus=corpus)
+
+
+def test_the_triggers_do_not_wrap_for_a_corpus_of_hundreds_of_millions_of_slots():
+    # found by review: C and M reach the Triton kernel as int32, so 6 M wrapped past 357M
+    # nodes (the default M of C >= 179M slots) and a nearly empty store started rebuilding
+    import triton
+
+    from specdec_kernels.cpu import frequency_corpus as _cpu_corpus
+
+    @triton.jit
+    def maybe_rebuild(docs, state, used, C, M, Q):
+        _triton_corpus._maybe_rebuild(docs, state, used, C, M, Q)
+
+    C, Q = 180_000_000, 8
+    for impl in ("triton", "cpu"):
+        docs = torch.zeros((Q, 3), dtype=torch.int64)
+        docs[0, 0] = 5  # one document of 5 tokens: 6 slots, 12 nodes
+        state = torch.zeros(len(FREQUENCY_CORPUS_STATE), dtype=torch.int64)
+        state[F["size"]], state[F["tail"]] = 6, 1
+        used = torch.tensor([12, 1], dtype=I32)
+        if impl == "triton":
+            maybe_rebuild[(1,)](docs, state, used, C, 2 * C + 1, Q)
+        else:
+            _cpu_corpus._maybe_rebuild(docs.numpy(), state.numpy(), used.numpy(), C, 2 * C + 1)
+        assert int(state[F["rebuilding"]]) == 0, impl
+
+
+def test_a_state_of_a_budget_below_its_min_n_is_refused_by_name():
+    corpus = ops.new_corpus(32, min_n=1, max_n=4, scoring="frequency")
+    with pytest.raises(ValueError, match=r"budget of C = 32 slots, below 8 \(min_n \+ 2\) = 40"):
+        ops.corpus_append(*history([[1, 2]]), corpus=corpus._replace(min_n=3))

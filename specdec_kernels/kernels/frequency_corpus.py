@@ -95,12 +95,12 @@ def _maybe_rebuild(docs, state, used, C, M, Q):
     the store's density (at most 5/8 C)."""
     u = tl.maximum(tl.load(used + tl.load(state + _ACTIVE)).to(tl.int64), 1)
     size = tl.load(state + _SIZE)
+    C, M = C.to(tl.int64), M.to(tl.int64)  # int32 arguments: 6 M wraps past 357M nodes
     if (tl.load(state + _REB) == 0) & ((8 * size > 6 * C) | (8 * u > 6 * M)):
         q = tl.load(state + _TAIL)
         head = tl.load(state + _HEAD)
         total = tl.zeros((), tl.int64)
-        by_nodes = tl.minimum(5 * C.to(tl.int64), 4 * (M.to(tl.int64) * size // u))
-        budget = tl.where(8 * size > 6 * C, 5 * C.to(tl.int64), by_nodes)
+        budget = tl.where(8 * size > 6 * C, 5 * C, tl.minimum(5 * C, 4 * (M * size // u)))
         going = q != head
         while going:
             prev = (q + Q - 1) % Q
