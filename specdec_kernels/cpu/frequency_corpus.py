@@ -4,8 +4,8 @@ as one numba kernel (``cpu/_jit.py``); its proposals are ``cpu/frequency.py``'s.
 Two stores (token array and trie each, ``cpu/frequency.py``'s trie); the active one holds
 exactly the live documents, oldest first, and answers proposals. A budget of ``C`` slots
 (a document takes its tokens plus one) and ``M`` nodes a store: past ``6/8 C`` live slots
-or ``6/8 M`` nodes a rebuild starts, the newest documents that fit in ``5/8 C`` (scaled
-down by the nodes a slot, when nodes are short) survive, and each later document added
+or ``6/8 M`` nodes a rebuild starts, the newest documents that fit in ``5/8 C`` (when the
+nodes started it: in the slots ``4/8 M`` nodes hold) survive, and each later document added
 makes the other store copy and count ``FREQUENCY_CORPUS_WORK`` (6) slots of the survivors
 and of the documents added since, in order; when it has caught up the stores swap, which
 evicts every older document exactly, and the retired store is emptied. The live size
