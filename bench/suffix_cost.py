@@ -89,14 +89,23 @@ def op_corpus(docs: list[np.ndarray]):
 
     n = sum(d.shape[0] + 1 for d in docs)
     corpus = ops.new_corpus(int(n * 1.4) + 4096, min_n=1, max_n=DEPTH, scoring="frequency")
-    for i in range(0, len(docs), 64):
-        chunk = docs[i : i + 64]
+    append_documents(corpus, docs)
+    return corpus, sum(t.nbytes for t in corpus if isinstance(t, torch.Tensor))
+
+
+def append_documents(corpus, docs: list[np.ndarray], batch: int = 64) -> None:
+    """``corpus_append`` every document, ``batch`` rows a call, oldest first."""
+    import torch
+
+    from specdec_kernels import ops
+
+    for i in range(0, len(docs), batch):
+        chunk = docs[i : i + batch]
         lens = torch.tensor([d.shape[0] for d in chunk], dtype=torch.int32)
         pad = torch.zeros((len(chunk), int(lens.max())), dtype=torch.int32)
         for j, d in enumerate(chunk):
             pad[j, : d.shape[0]] = torch.from_numpy(d)
         ops.corpus_append(pad, lens, corpus=corpus)
-    return corpus, sum(t.nbytes for t in corpus if isinstance(t, torch.Tensor))
 
 
 def peer_corpus(docs: list[np.ndarray]):

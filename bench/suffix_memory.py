@@ -181,8 +181,7 @@ def per_document(docs, depth: int, structure: Structure) -> str:
 
 def op_memory(name: str, docs, depth: int, budgets: list[str], repeats: int) -> list[str]:
     """Rows of the ``--op-nodes`` table for one stream (see the module docstring)."""
-    import torch
-
+    from bench.suffix_cost import append_documents
     from specdec_kernels import ops
     from specdec_kernels.reference.frequency_corpus import live_documents
 
@@ -190,19 +189,12 @@ def op_memory(name: str, docs, depth: int, budgets: list[str], repeats: int) -> 
     C = -(-8 * (tokens + len(docs)) // 6) + 8
     sd = [peer(docs, [], depth, 1) for _ in range(repeats)]
     sd_b = "n/a" if sd[0] is None else f"{np.median([r['rss'] for r in sd]) / tokens:.0f}"
-    width = max(d.shape[0] for d in docs)
     rows = []
     for budget in budgets:
         M = 2 * C + 1 if budget == "2C+1" else int(float(budget) * C)
         corpus = ops.new_corpus(C, min_n=1, max_n=depth, scoring="frequency", nodes=M)
         nbytes = sum(t.nbytes for t in corpus[:7])
-        for i in range(0, len(docs), 64):
-            batch = docs[i : i + 64]
-            tok = torch.zeros((len(batch), width), dtype=torch.int32)
-            for r, d in enumerate(batch):
-                tok[r, : d.shape[0]] = torch.from_numpy(d)
-            lens = torch.tensor([d.shape[0] for d in batch], dtype=torch.int32)
-            ops.corpus_append(tok, lens, corpus=corpus)
+        append_documents(corpus, docs)
         live = sum(len(d) for d in live_documents(corpus[:7]))
         used = int(corpus.num_nodes[int(corpus.state[0])]) - 1
         rows.append(

@@ -232,8 +232,7 @@ def new_frequency_corpus(capacity: int, *, min_n: int, max_n: int, nodes: int | 
         raise ValueError(
             f"capacity of a frequency corpus must be >= 8 (min_n + 2) = {8 * (min_n + 2)} slots "
             f"(a piece of at most C // 8 - 1 tokens holds a context of min_n and a continuation), "
-            f"got "
-            f"{capacity}"
+            f"got {capacity}"
         )
     check_depth(min_n, max_n)
     C = capacity
